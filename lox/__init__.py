@@ -1,0 +1,18 @@
+"""lox: accelerated logging for JAX.
+
+`lox.log` records values anywhere in JAX code; `lox.spool` returns them as
+outputs of one compiled program, `lox.tap` streams them to a callback, and
+`lox.nolog` removes them.
+"""
+
+from lox_core.console import set_default as set_default
+from lox_core.logdict import NO_STEP as NO_STEP
+from lox_core.logdict import logdict as logdict
+from lox_core.nolog import nolog as nolog
+from lox_core.primitive import log as log
+from lox_core.spool import spool as spool
+from lox_core.tap import tap as tap
+
+__version__ = "0.1.0"
+
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "set_default", "NO_STEP"]

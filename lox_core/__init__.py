@@ -1,0 +1,1 @@
+"""lox's core: the log primitive, the logdict, and the spool/tap/nolog transforms."""

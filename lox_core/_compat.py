@@ -1,0 +1,189 @@
+"""Everything lox needs from JAX's internals, in one place.
+
+JAX's internal modules and the parameters of its higher-order primitives change
+from release to release. lox reads them only here, by name, so that a change
+fails loudly in this file instead of silently elsewhere. Supported: JAX 0.8,
+0.9 and 0.10.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NamedTuple
+
+from jax._src import core
+from jax._src import effects
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.control_flow import conditionals as _conditionals
+
+Jaxpr = core.Jaxpr
+ClosedJaxpr = core.ClosedJaxpr
+Var = core.Var
+Literal = core.Literal
+DropVar = core.DropVar
+
+
+# --- The effect that keeps `lox.log` alive -------------------------------------
+# A log has no outputs, so without an effect JAX would remove it as dead code. It
+# is allowed everywhere a debug callback is: control flow, custom derivatives,
+# remat, and it is kept by partial evaluation (so under `grad` it stays with the
+# primal computation, once per loop iteration).
+class LogEffect(effects.Effect):
+    __str__ = lambda self: "LoxLog"  # noqa: E731
+
+
+log_effect = LogEffect()
+for _set in (
+    effects.lowerable_effects,
+    effects.control_flow_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+    effects.remat_allowed_effects,
+    effects.partial_eval_kept_effects,
+):
+    _set.add_type(LogEffect)
+
+
+def has_log_effect(effs) -> bool:
+    return log_effect in effs
+
+
+# --- Walking and re-emitting equations -------------------------------------------
+def subjaxprs_of(eqn) -> list[Jaxpr]:
+    """The jaxprs in an equation's params (bodies, branches, rules)."""
+    return list(core.jaxprs_in_params(eqn.params))
+
+
+def current_trace():
+    return core.trace_ctx.trace
+
+
+def bind_equation(eqn, invals: list) -> list:
+    """Re-emit an unchanged equation on the current trace, as `eval_jaxpr` does."""
+    subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
+        with eqn.ctx.manager:
+            out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return out if eqn.primitive.multiple_results else [out]
+
+
+def inline_equations(eqns: list, read, write) -> None:
+    """Emit a run of equations that contain nothing for lox to handle.
+
+    Inside a jaxpr trace (always the case under `spool`, which is jitted) the
+    equations are copied into the trace the way `jit` inlines a nested call: no
+    re-tracing and no abstract evaluation, which keeps lox's transform close to
+    free. Elsewhere they are bound one by one.
+    """
+    trace = current_trace()
+    if not isinstance(trace, pe.DynamicJaxprTrace):
+        for eqn in eqns:
+            outs = bind_equation(eqn, [read(v) for v in eqn.invars])
+            for v, x in zip(eqn.outvars, outs):
+                write(v, x)
+        return
+    defined: set = set()
+    free: dict = {}
+    for eqn in eqns:
+        for v in eqn.invars:
+            if not isinstance(v, Literal) and v not in defined and v not in free:
+                free[v] = None
+        defined.update(eqn.outvars)
+    outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar)]
+    invars = list(free)
+    segment = Jaxpr([], invars, outvars, eqns, core.join_effects(*(e.effects for e in eqns)))
+    src = source_info_util.current()
+    in_tracers = [trace.to_jaxpr_tracer(read(v), src) for v in invars]
+    outs = pe.inline_jaxpr_into_trace(trace, src, segment, [], *in_tracers)
+    for v, x in zip(outvars, outs):
+        write(v, x)
+
+
+# --- Parameters of the higher-order primitives lox rebuilds ----------------------
+# Each reader takes only what lox needs and names it, so a renamed parameter
+# raises a KeyError here rather than a wrong program elsewhere.
+class ScanParams(NamedTuple):
+    jaxpr: ClosedJaxpr
+    length: int
+    reverse: bool
+    unroll: Any
+    num_consts: int
+    num_carry: int
+
+
+def scan_params(params) -> ScanParams:
+    return ScanParams(
+        params["jaxpr"], params["length"], params["reverse"], params["unroll"],
+        params["num_consts"], params["num_carry"],
+    )
+
+
+class WhileParams(NamedTuple):
+    cond_jaxpr: ClosedJaxpr
+    body_jaxpr: ClosedJaxpr
+    cond_nconsts: int
+    body_nconsts: int
+
+
+def while_params(params) -> WhileParams:
+    return WhileParams(params["cond_jaxpr"], params["body_jaxpr"], params["cond_nconsts"], params["body_nconsts"])
+
+
+def cond_branches(params) -> tuple:
+    return tuple(params["branches"])
+
+
+def call_jaxpr(params) -> ClosedJaxpr:
+    """The body of `jit` (named `jit` or `pjit`) and `closed_call` equations."""
+    jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
+    if isinstance(jaxpr, Jaxpr):
+        jaxpr = ClosedJaxpr(jaxpr, ())
+    return jaxpr
+
+
+class RematParams(NamedTuple):
+    jaxpr: Jaxpr
+    prevent_cse: bool
+    policy: Any
+
+
+def remat_params(params) -> RematParams:
+    return RematParams(params["jaxpr"], params["prevent_cse"], params["policy"])
+
+
+class CustomCallParams(NamedTuple):
+    call_jaxpr: ClosedJaxpr
+    num_consts: int
+
+
+def custom_call_params(params) -> CustomCallParams:
+    return CustomCallParams(params["call_jaxpr"], params["num_consts"])
+
+
+# Primitive names differ between releases (`pjit` became `jit`, `remat2` is
+# `checkpoint` in the public API); these are all the spellings lox handles.
+JIT_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
+REMAT_NAMES = frozenset({"remat2", "checkpoint", "remat"})
+CUSTOM_JVP_NAMES = frozenset({"custom_jvp_call"})
+CUSTOM_VJP_NAMES = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+# --- vmap of cond -----------------------------------------------------------------
+_COND_BATCHING_CODE = _conditionals._cond_batching_rule.__code__
+
+
+def batching_cond_into_select() -> bool:
+    """Whether the batching rule now running was called while `vmap` turns a
+    `cond` with a batched predicate into a `select`: both branches then run for
+    every element, so a log in either branch would fire for all of them.
+
+    JAX offers no hook for this, so we look for its cond batching rule on the
+    Python stack. If JAX renames it the lookup finds nothing; the vmap-of-cond
+    tests catch that.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _COND_BATCHING_CODE and frame.f_locals.get("index_dim") is not None:
+            return True
+        frame = frame.f_back
+    return False

@@ -1,0 +1,61 @@
+"""What `lox.log` does when no lox transform is around it: print the event."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+_MODES = ("console", "off")
+_mode = os.environ.get("LOX_DEFAULT", "console").strip().lower() or "console"
+if _mode not in _MODES:
+    raise ValueError(f"LOX_DEFAULT={_mode!r} is not a valid setting: use one of {', '.join(_MODES)}.")
+
+
+def set_default(mode: str) -> None:
+    """Choose what `lox.log` does outside `spool`/`tap`/`nolog`.
+
+    ``"console"`` (the default) prints each event; ``"off"`` does nothing. The
+    environment variable ``LOX_DEFAULT`` sets the initial value. Functions that
+    were compiled while the default was ``"console"`` keep their host callback
+    but print nothing once it is ``"off"``.
+
+    >>> import lox
+    >>> lox.set_default("off")
+    >>> lox.set_default("console")
+    """
+    global _mode
+    if mode not in _MODES:
+        raise ValueError(f"unknown default {mode!r}: use one of {', '.join(_MODES)}.")
+    _mode = mode
+
+
+def default_enabled() -> bool:
+    return _mode == "console"
+
+
+def default_output(site, operands) -> None:
+    if not default_enabled():
+        return
+    values, steps = site.split([np.asarray(x) for x in operands])
+    print(format_event(values, steps), file=sys.stdout, flush=True)
+
+
+def format_event(values: dict, steps: dict) -> str:
+    """One line per event: ``[step=3 episode=1] loss=0.25 w=[1. 2.]``."""
+    head = " ".join(f"{name}={int(np.asarray(s).reshape(-1)[0]) if np.size(s) == 1 else np.asarray(s).tolist()}"
+                    for name, s in steps.items())
+    body = " ".join(f"{k}={_format_value(v)}" for k, v in values.items())
+    return f"[{head}] {body}" if head else body
+
+
+def _format_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_format_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_format_value(v) for v in value) + ")"
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return f"{arr.item():.6g}" if arr.dtype.kind == "f" else str(arr.item())
+    return np.array2string(arr, precision=6, threshold=20)

@@ -1,0 +1,213 @@
+"""The `lox_log` primitive and `lox.log`, the call that binds it.
+
+A log is a primitive with no outputs and one effect. Transforms (`spool`, `tap`,
+`nolog`) find it in the jaxpr and decide what it becomes; left alone it prints
+the event through a host callback, like `jax.debug.print`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from lox_core import _compat, console
+from lox_core.logdict import logdict
+
+log_p = Primitive("lox_log")
+log_p.multiple_results = True
+
+
+class Site(NamedTuple):
+    """The static description of one `lox.log` call (the primitive's params).
+
+    The operands are the leaves of every key's value, key after key, then one
+    integer scalar per step name.
+    """
+
+    keys: tuple[str, ...]
+    trees: tuple  # one pytree structure per key
+    step_names: tuple[str, ...]
+    tags: tuple[str, ...]
+    explicit: bool
+    batch_ndim: int  # leading axes added by vmap, on every operand
+    in_select: bool  # logged in a cond that vmap turned into a select
+
+    def split(self, operands) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Operands → (values by key, step scalars by name)."""
+        operands = list(operands)
+        values, i = {}, 0
+        for key, tree in zip(self.keys, self.trees):
+            n = tree.num_leaves
+            values[key] = jax.tree_util.tree_unflatten(tree, operands[i : i + n])
+            i += n
+        return values, dict(zip(self.step_names, operands[i:]))
+
+
+def site_of(params) -> Site:
+    return Site(**params)
+
+
+def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, prefix: str = "", **steps) -> logdict:
+    """Log the values in `data` from anywhere in JAX code.
+
+    `data` maps string keys to arrays, scalars or pytrees of them. Keyword
+    arguments are named integer steps (``step=i, episode=i // 2``). `tags` lets
+    `spool`/`tap` select events; an `explicit` event is only collected by a
+    transform that names its key (`argnames`) or one of its tags. `prefix` is
+    prepended to every key.
+
+    Inside `lox.spool` the event becomes an output of the compiled program,
+    inside `lox.tap` a call of the tap's callback, inside `lox.nolog` nothing.
+    With no transform around it the event is printed (see `lox.set_default`).
+    Returns the event as a one-event logdict.
+
+    >>> import jax, jax.numpy as jnp, lox
+    >>> def f(x):
+    ...     lox.log({"x": x}, step=3)
+    ...     return 2 * x
+    >>> y, logs = lox.spool(f)(jnp.ones(2))
+    >>> logs["x"].shape, logs.step["x"].tolist()
+    ((1, 2), [3])
+    """
+    if not isinstance(data, dict):
+        raise TypeError(
+            f"`lox.log` takes a dict from str keys to arrays, got {type(data).__name__}. "
+            'Wrap the value: `lox.log({"name": value})`.'
+        )
+    tags = _check_tags(tags)
+    values, trees, flat = {}, [], []
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise TypeError(f"`lox.log` keys must be strings, got {key!r} ({type(key).__name__}).")
+        leaves, tree = jax.tree_util.tree_flatten(value)
+        leaves = [_check_value(prefix + key, leaf) for leaf in leaves]
+        values[prefix + key] = jax.tree_util.tree_unflatten(tree, leaves)
+        trees.append(tree)
+        flat.extend(leaves)
+    step_values = [_check_step(name, v) for name, v in steps.items()]
+    site = Site(
+        keys=tuple(values), trees=tuple(trees), step_names=tuple(steps), tags=tags,
+        explicit=bool(explicit), batch_ndim=0, in_select=False,
+    )
+    log_p.bind(*flat, *step_values, **site._asdict())
+    return event_logdict(site, values, dict(zip(steps, step_values)))
+
+
+def event_logdict(site: Site, values: dict, steps: dict) -> logdict:
+    """One event as a logdict: every array gets a leading event axis of 1."""
+    add_axis = lambda x: jnp.expand_dims(x, 0)  # noqa: E731
+    data = {k: jax.tree_util.tree_map(add_axis, v) for k, v in values.items()}
+    per_name = {name: {k: add_axis(s) for k in site.keys} for name, s in steps.items()}
+    return logdict(data, per_name)
+
+
+def _check_tags(tags) -> tuple[str, ...]:
+    if tags is None:
+        return ()
+    if isinstance(tags, str):
+        tags = [tags]
+    tags = tuple(tags)
+    for t in tags:
+        if not isinstance(t, str):
+            raise TypeError(f"`lox.log` tags must be strings, got {t!r}.")
+    return tags
+
+
+def _check_value(key: str, leaf):
+    if isinstance(leaf, jax.core.Tracer) or isinstance(leaf, jax.Array):
+        dtype = leaf.dtype
+    elif isinstance(leaf, (np.ndarray, np.generic)):
+        dtype = leaf.dtype
+    elif isinstance(leaf, (bool, numbers.Number)):
+        # Through NumPy, so a Python scalar gets a fixed (not weak) dtype.
+        return jnp.asarray(np.asarray(leaf))
+    else:
+        raise TypeError(
+            f"`lox.log` got a {type(leaf).__name__} for key {key!r}; only numeric and boolean "
+            "arrays (or pytrees of them) can be logged."
+        )
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        raise TypeError(
+            f"`lox.log` got an array of dtype {dtype} for key {key!r}; only numeric and boolean "
+            "arrays can be logged."
+        )
+    return leaf if isinstance(leaf, jax.core.Tracer) else jnp.asarray(leaf)
+
+
+def _check_step(name: str, value):
+    if isinstance(value, bool) or not (
+        isinstance(value, (numbers.Integral, np.integer))
+        or (hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.integer))
+    ):
+        raise TypeError(
+            f"`lox.log` step {name!r} must be an integer scalar, got {value!r}. "
+            f"Pass a Python int or an integer array, e.g. `{name}=i`."
+        )
+    if getattr(value, "shape", ()) != ():
+        raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(value.shape)}.")
+    # One integer dtype for every step, so steps of different events concatenate.
+    return jnp.asarray(value, dtype=jax.dtypes.canonicalize_dtype(np.int64))
+
+
+# --- rules -------------------------------------------------------------------------
+@log_p.def_effectful_abstract_eval
+def _abstract_eval(*avals, **params):
+    return [], {_compat.log_effect}
+
+
+@log_p.def_impl
+def _impl(*operands, **params):
+    console.default_output(site_of(params), operands)
+    return []
+
+
+def _lowering(*operands, **params):
+    site = site_of(params)
+    if site.in_select:
+        raise ValueError(vmap_of_cond_message(site, "printed"))
+    if console.default_enabled():
+        jax.debug.callback(lambda *ops: console.default_output(site, ops), *operands)
+    return []
+
+
+mlir.register_lowering(log_p, mlir.lower_fun(_lowering, multiple_results=True))
+
+
+def _jvp(primals, tangents, **params):
+    # Logs carry primal values; they have no tangent.
+    return log_p.bind(*primals, **params), []
+
+
+ad.primitive_jvps[log_p] = _jvp
+
+
+def _batch(args, dims, **params):
+    # Every operand gets the batch axis in front, so that a spooled series is
+    # (events, *batch, *value_shape) and every step is (events, *batch).
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+    args = [
+        jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is batching.not_mapped else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims)
+    ]
+    params = dict(params, batch_ndim=params["batch_ndim"] + 1)
+    params["in_select"] = params["in_select"] or _compat.batching_cond_into_select()
+    return log_p.bind(*args, **params), []
+
+
+batching.primitive_batchers[log_p] = _batch
+
+
+def vmap_of_cond_message(site: Site, what: str) -> str:
+    keys = ", ".join(map(repr, site.keys))
+    return (
+        f"lox.log of {keys} sits in a `jax.lax.cond`/`switch` whose predicate is batched by `jax.vmap`. "
+        "vmap runs both branches for every element there, so each element would log both branches' "
+        f"events and the logs cannot be {what} correctly. Apply `vmap` outside the lox transform instead, "
+        "e.g. `jax.vmap(lox.spool(f))` or `jax.vmap(lox.tap(f, callback))`, or remove the logs with `lox.nolog`."
+    )

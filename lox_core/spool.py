@@ -1,0 +1,125 @@
+"""`lox.spool`: every log becomes an output of one compiled program."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import jax
+
+from lox_core.interpreter import Handler, Selection, Series
+from lox_core.logdict import REDUCTIONS, concat, logdict
+from lox_core.primitive import vmap_of_cond_message
+from lox_core.transform import jitted, trace_and_interpret, wraps
+
+
+class SpoolHandler(Handler):
+    collects = True
+    name = "lox.spool"
+
+    def __init__(self, selection: Selection, keep_logs: bool):
+        self.selection = selection
+        self.keep_logs = keep_logs
+
+    def on_log(self, site, values, steps, active):
+        if site.in_select and values:
+            raise ValueError(vmap_of_cond_message(site, "spooled"))
+        one = lambda x: x[None]  # noqa: E731  (every event is a series of one)
+        return [
+            Series(key, jax.tree_util.tree_map(one, value), {n: one(s) for n, s in steps.items()})
+            for key, value in values.items()
+        ]
+
+
+def assemble(series: list[Series]) -> logdict:
+    """Series in program order → one logdict with a series per key."""
+    return concat(
+        logdict({s.key: s.value}, {name: {s.key: step} for name, step in s.steps.items()}) for s in series
+    )
+
+
+def selection(argnames, tags) -> Selection:
+    return Selection(_names("argnames", argnames), _names("tags", tags))
+
+
+def _names(what: str, names) -> frozenset[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [names]
+    names = frozenset(names)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"`{what}` must be strings, got {bad[0]!r}.")
+    return names
+
+
+def spool(
+    fun: Callable,
+    *,
+    argnames: Iterable[str] | None = None,
+    tags: Iterable[str] | None = None,
+    keep_logs: bool = False,
+    interval: int | None = None,
+    reduce: str | None = None,
+    prefix: str = "",
+    static_argnums=(),
+    static_argnames=(),
+) -> Callable:
+    """Return a function that gives ``(out, logs)``: `fun`'s output and its logs.
+
+    Every `lox.log` event inside `fun` becomes an output of one compiled program
+    (spool is jitted, and caches per input signature like `jax.jit`). ``logs`` is
+    a :class:`lox.logdict` whose series stack the events of each key along a
+    leading axis, in program order; ``logs.step[key]`` holds their steps.
+
+    Args:
+      fun: the function to spool.
+      argnames: keep only these keys.
+      tags: keep only events that carry one of these tags.
+      keep_logs: leave the logs in the spooled function, so that an enclosing
+        `spool` or `tap` sees them again (by default they are consumed here).
+      interval: keep every `interval`-th event of each key.
+      reduce: reduce each series to one event: mean, sum, min, max, first, last.
+      prefix: prepended to every key.
+      static_argnums, static_argnames: as in `jax.jit`.
+
+    Events that `argnames`/`tags` do not select stay in the function as logs,
+    for an enclosing transform (or the default console output) to handle.
+
+    >>> import jax, jax.numpy as jnp, lox
+    >>> def f(xs):
+    ...     def step(c, x):
+    ...         c = c + x
+    ...         lox.log({"c": c}, step=x)
+    ...         return c, None
+    ...     return jax.lax.scan(step, 0, xs)[0]
+    >>> out, logs = lox.spool(f)(jnp.arange(4))
+    >>> int(out), logs["c"].tolist(), logs.step["c"].tolist()
+    (6, [0, 1, 3, 6], [0, 1, 2, 3])
+    """
+    chosen = selection(argnames, tags)
+    if reduce is not None and reduce not in REDUCTIONS:
+        raise ValueError(f"unknown reduce mode {reduce!r} for `lox.spool`: use one of {', '.join(REDUCTIONS)}.")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
+        raise ValueError(f"`lox.spool` interval must be an integer >= 1, got {interval!r}.")
+    if not isinstance(prefix, str):
+        raise TypeError(f"`lox.spool` prefix must be a string, got {prefix!r}.")
+    handler = SpoolHandler(chosen, bool(keep_logs))
+
+    def make_impl(get_fun):
+        def spooled(*args, **kwargs):
+            out, series = trace_and_interpret(get_fun(), handler, args, kwargs)
+            logs = assemble(series)
+            if interval is not None:
+                logs = logs.slice[::interval]
+            if reduce is not None:
+                logs = logs.reduce(reduce)
+            if prefix:
+                logs = logs.prefix(prefix)
+            return out, logs
+
+        return spooled
+
+    config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix)
+    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
+    return wraps(fun, compiled, compiled)

@@ -1,0 +1,69 @@
+"""Turning a handler into a function transform: trace, interpret, jit, cache."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any, Callable, Hashable
+
+import jax
+
+from lox_core.interpreter import Handler, Series, interpret
+
+
+def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict) -> tuple[Any, list[Series]]:
+    """Run `fun(*args, **kwargs)` on the current trace with its logs handled."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    # Under jit every array argument is a tracer; anything else is a static value.
+    dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
+
+    def flat_fun(*dynamic_leaves):
+        filled = list(leaves)
+        for i, x in zip(dynamic, dynamic_leaves):
+            filled[i] = x
+        a, k = jax.tree_util.tree_unflatten(tree, filled)
+        return fun(*a, **k)
+
+    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[leaves[i] for i in dynamic])
+    outs, series = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), series
+
+
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=()):
+    """`jax.jit(make_impl(fun))`, shared by every call with the same `fun` and `config`.
+
+    Sharing the jitted function lets a fresh `lox.spool(f)` reuse the compiled
+    program of an earlier one without tracing `f` again. The cache holds `fun`
+    weakly, so it does not keep functions (and what they close over) alive.
+    """
+    key = (config, _hashable(static_argnums), _hashable(static_argnames))
+    try:
+        ref = weakref.WeakMethod(fun) if hasattr(fun, "__self__") and hasattr(fun, "__func__") else weakref.ref(fun)
+        per_fun = _cache.setdefault(fun, {})
+    except TypeError:  # not weak-referenceable or not hashable: no sharing
+        return jax.jit(make_impl(lambda: fun), static_argnums=static_argnums, static_argnames=static_argnames)
+    if key not in per_fun:
+        per_fun[key] = jax.jit(make_impl(ref), static_argnums=static_argnums, static_argnames=static_argnames)
+    return per_fun[key]
+
+
+def _hashable(x):
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    return x
+
+
+def wraps(fun: Callable, call: Callable, compiled) -> Callable:
+    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`."""
+
+    @functools.wraps(fun)
+    def wrapper(*args, **kwargs):
+        return call(*args, **kwargs)
+
+    wrapper.lower = compiled.lower
+    wrapper.trace = compiled.trace
+    wrapper.__wrapped_fun__ = fun
+    return wrapper
