@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from jax._src import core
 from jax._src import effects
+from jax._src import linear_util
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
@@ -60,11 +61,16 @@ def current_trace():
 
 def bind_equation(eqn, invals: list) -> list:
     """Re-emit an unchanged equation on the current trace, as `eval_jaxpr` does."""
-    subfuns, params = eqn.primitive.get_bind_params(eqn.params)
+    got = eqn.primitive.get_bind_params(eqn.params)
+    # JAX <= 0.9 returns (subfuns, params); 0.10 returns params holding the subfuns.
+    subfuns, params = got if isinstance(got, tuple) else ((), got)
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
         with eqn.ctx.manager:
             out = eqn.primitive.bind(*subfuns, *invals, **params)
     return out if eqn.primitive.multiple_results else [out]
+
+
+_SEGMENT_DEBUG_INFO = linear_util.DebugInfo("lox", "<lox segment>", None, None)
 
 
 def inline_equations(eqns: list, read, write) -> None:
@@ -91,7 +97,8 @@ def inline_equations(eqns: list, read, write) -> None:
         defined.update(eqn.outvars)
     outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar)]
     invars = list(free)
-    segment = Jaxpr([], invars, outvars, eqns, core.join_effects(*(e.effects for e in eqns)))
+    effs = core.join_effects(*(e.effects for e in eqns))
+    segment = Jaxpr([], invars, outvars, eqns, effs, _SEGMENT_DEBUG_INFO)
     src = source_info_util.current()
     in_tracers = [trace.to_jaxpr_tracer(read(v), src) for v in invars]
     outs = pe.inline_jaxpr_into_trace(trace, src, segment, [], *in_tracers)

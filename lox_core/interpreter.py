@@ -367,7 +367,9 @@ def custom_jvp_rule(handler, eqn, invals, active):
     @fun.defjvp
     def fun_jvp(primals, tangents):
         outs, flat = primal(*primals)
-        _, out_tangents = without_logs(lambda p, t: jax.jvp(original, p, t), "JVP rule", primals, tangents)
+        _, out_tangents = without_logs(
+            lambda p, t: jax.jvp(original, p, t), "JVP rule", _logged_keys(record), primals, tangents
+        )
         return (outs, flat), (list(out_tangents), [jnp.zeros_like(x) for x in flat])
 
     outs, flat = fun(*invals)
@@ -389,12 +391,12 @@ def custom_vjp_rule(handler, eqn, invals, active):
 
     def fwd(*args):
         _, flat = primal(*args)
-        outs, pullback = without_logs(lambda *a: jax.vjp(original, *a), "forward rule", *args)
+        outs, pullback = without_logs(lambda *a: jax.vjp(original, *a), "forward rule", _logged_keys(record), *args)
         return (outs, flat), pullback
 
     def bwd(pullback, cotangents):
         out_cts, _ = cotangents
-        return tuple(without_logs(pullback, "backward rule", list(out_cts)))
+        return tuple(without_logs(pullback, "backward rule", _logged_keys(record), list(out_cts)))
 
     fun.defvjp(fwd, bwd)
     outs, flat = fun(*invals)
@@ -414,10 +416,18 @@ class DropAll(Handler):
         return []
 
 
-def without_logs(fun: Callable, what: str, *args):
-    """Call `fun` with every log inside it removed, warning if there were any."""
+def _logged_keys(record: list) -> frozenset[str]:
+    return frozenset(s.key for s in record[1]) if record else frozenset()
+
+
+def without_logs(fun: Callable, what: str, primal_keys: frozenset[str], *args):
+    """Call `fun` with every log inside it removed.
+
+    Rules usually call the primal function, whose events were collected already;
+    other logs in the rule are lost, so those raise a warning.
+    """
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
-    sites = sites_in(closed.jaxpr)
+    sites = [s for s in sites_in(closed.jaxpr) if not primal_keys.issuperset(s.keys)]
     if sites:
         warnings.warn(
             f"lox.log calls inside a custom derivative's {what} ({_keys_text(sites)}) are not collected when "

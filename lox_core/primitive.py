@@ -190,9 +190,9 @@ ad.primitive_jvps[log_p] = _jvp
 def _batch(args, dims, **params):
     # Every operand gets the batch axis in front, so that a spooled series is
     # (events, *batch, *value_shape) and every step is (events, *batch).
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     args = [
-        jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is batching.not_mapped else jnp.moveaxis(x, d, 0)
+        jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is None else jnp.moveaxis(x, d, 0)
         for x, d in zip(args, dims)
     ]
     params = dict(params, batch_ndim=params["batch_ndim"] + 1)
