@@ -15,7 +15,6 @@ Order: handler and series → interpreter → per-primitive rules.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lox_core import _compat
+from lox_core.logdict import concat, logdict
 from lox_core.primitive import Site, log_p, site_of
 
 
@@ -54,49 +54,27 @@ class Handler:
     keep_logs = False  # whether selected events stay visible to outer transforms
     name = "lox"
 
-    def on_log(self, site: Site, values: dict, steps: dict, active) -> list[Series]:
+    def on_log(self, site: Site, values: dict, steps: dict, active) -> logdict | None:
+        """Handle one event (`values` holds the selected keys only); return the
+        logs it contributes to the enclosing program's outputs, if any."""
         raise NotImplementedError
 
 
-@dataclasses.dataclass
-class Series:
-    """Events of one key: a value pytree and steps, each with a leading event axis."""
-
-    key: str
-    value: Any
-    steps: dict[str, Any]
-
-    def signature(self):
-        leaves, tree = jax.tree_util.tree_flatten(self.value)
-        return (
-            self.key, tree, tuple((x.shape, x.dtype) for x in leaves),
-            tuple((n, s.shape, s.dtype) for n, s in self.steps.items()),
-        )
-
-    def describe(self) -> str:
-        shapes = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape[1:])}", self.value)
-        return f"{self.key!r}: {shapes}" + (f" with steps {', '.join(self.steps)}" if self.steps else "")
+def describe(logs: logdict) -> str:
+    """``'a': float32[3] with steps step`` for each key, for error messages."""
+    if not logs:
+        return "nothing"
+    parts = []
+    for key, value in logs.items():
+        shapes = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape[1:])}", value)
+        names = logs.step_names(key)
+        parts.append(f"{key!r}: {shapes}" + (f" with steps {', '.join(names)}" if names else ""))
+    return "; ".join(parts)
 
 
-def flatten_series(series: list[Series]) -> tuple[list, Callable[[list], list[Series]]]:
-    """Series → flat arrays, and the function that rebuilds them."""
-    flat, layout = [], []
-    for s in series:
-        leaves, tree = jax.tree_util.tree_flatten(s.value)
-        flat += leaves + list(s.steps.values())
-        layout.append((s.key, tree, len(leaves), tuple(s.steps)))
-
-    def rebuild(arrays: list) -> list[Series]:
-        out, i = [], 0
-        for key, tree, n, names in layout:
-            value = jax.tree_util.tree_unflatten(tree, arrays[i : i + n])
-            i += n
-            steps = dict(zip(names, arrays[i : i + len(names)]))
-            i += len(names)
-            out.append(Series(key, value, steps))
-        return out
-
-    return flat, rebuild
+def signature(logs: logdict):
+    leaves, tree = jax.tree_util.tree_flatten(logs)
+    return tree, tuple((x.shape[1:], x.dtype) for x in leaves)
 
 
 # --- which equations need the handler --------------------------------------------------
@@ -112,8 +90,6 @@ def sites_in(jaxpr) -> tuple[Site, ...]:
         pass
     found: list[Site] = []
     for eqn in jaxpr.eqns:
-        if not _compat.has_log_effect(eqn.effects):
-            continue
         if eqn.primitive is log_p:
             found.append(site_of(eqn.params))
         for sub in _compat.subjaxprs_of(eqn):
@@ -123,8 +99,8 @@ def sites_in(jaxpr) -> tuple[Site, ...]:
 
 
 def _selected_sites(handler: Handler, eqn) -> list[Site]:
-    if not _compat.has_log_effect(eqn.effects):
-        return []
+    # Not only equations with the log effect: some higher-order primitives
+    # (e.g. custom_linear_solve) do not pass their bodies' effects on.
     sites = [site_of(eqn.params)] if eqn.primitive is log_p else [
         s for sub in _compat.subjaxprs_of(eqn) for s in sites_in(sub)
     ]
@@ -132,11 +108,11 @@ def _selected_sites(handler: Handler, eqn) -> list[Site]:
 
 
 # --- interpreter --------------------------------------------------------------------------
-def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=None) -> tuple[list, list[Series]]:
+def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=None) -> tuple[list, logdict]:
     """Evaluate `jaxpr` on the current trace, handing selected logs to `handler`.
 
-    Returns the jaxpr's outputs and the series the handler collected, in program
-    order. `active` is a boolean scalar that is false where the enclosing `cond`
+    Returns the jaxpr's outputs and the logs the handler collected, each key's
+    events in program order. `active` is a boolean scalar that is false where the enclosing `cond`
     branch was not taken (only under vmap, see `cond_rule`), or None.
     """
     env: dict = {}
@@ -153,7 +129,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
     for v, x in zip(jaxpr.invars, args):
         write(v, x)
 
-    series: list[Series] = []
+    collected: list[logdict] = []
     pending: list = []
     for eqn in jaxpr.eqns:
         if not _selected_sites(handler, eqn):
@@ -174,12 +150,13 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
                     f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox issue tracker."
                 )
             outs, new = rule(handler, eqn, invals, active)
-        series += new
+        if new:
+            collected.append(new)
         for v, x in zip(eqn.outvars, outs):
             write(v, x)
     if pending:
         _compat.inline_equations(pending, read, write)
-    return [read(v) for v in jaxpr.outvars], series
+    return [read(v) for v in jaxpr.outvars], concat(collected)
 
 
 def _keys_text(sites) -> str:
@@ -187,7 +164,7 @@ def _keys_text(sites) -> str:
     return "keys " + ", ".join(map(repr, keys))
 
 
-def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list, list[Series]]:
+def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list, logdict | None]:
     taken = handler.selection.keys(site)
     values, steps = site.split(operands)
     collected = handler.on_log(site, {k: values[k] for k in taken}, steps, active)
@@ -206,19 +183,19 @@ def _rebind(site: Site, values: dict, steps: dict, keys: tuple[str, ...]) -> Non
 
 
 # --- rules for higher-order primitives ---------------------------------------------------
-# Every rule is `rule(handler, eqn, invals, active) -> (outs, series)`.
+# Every rule is `rule(handler, eqn, invals, active) -> (outs, logs)`. Logs leave
+# a sub-jaxpr as extra outputs: a logdict is a pytree.
 rules: dict[str, Callable] = {}
 
 
 def _interpreted(handler: Handler, closed, active, record: list):
-    """A function of the jaxpr's inputs returning (outputs, flat series); the
-    series layout of the last trace lands in `record`."""
+    """The jaxpr as a function returning (outputs, logs); the logs of its last
+    trace land in `record`, to describe them in error messages."""
 
     def fun(*args):
-        outs, series = interpret(handler, closed.jaxpr, closed.consts, args, active)
-        flat, rebuild = flatten_series(series)
-        record[:] = [rebuild, series]
-        return outs, flat
+        outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
+        record[:] = [logs]
+        return outs, logs
 
     return fun
 
@@ -228,15 +205,13 @@ def scan_rule(handler, eqn, invals, active):
     consts = invals[: p.num_consts]
     init = invals[p.num_consts : p.num_consts + p.num_carry]
     xs = invals[p.num_consts + p.num_carry :]
-    record: list = []
-    body_fun = _interpreted(handler, p.jaxpr, active, record)
+    body_fun = _interpreted(handler, p.jaxpr, active, [])
 
     def body(carry, x):
-        outs, flat = body_fun(*consts, *carry, *x)
-        return outs[: p.num_carry], (outs[p.num_carry :], flat)
+        outs, logs = body_fun(*consts, *carry, *x)
+        return outs[: p.num_carry], (outs[p.num_carry :], logs)
 
-    carry, (ys, flat) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
-    rebuild = record[0]
+    carry, (ys, logs) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
 
     def events_in_order(x):
         # (iterations, events per iteration, ...) → (events, ...) in execution
@@ -244,7 +219,7 @@ def scan_rule(handler, eqn, invals, active):
         x = jnp.flip(x, 0) if p.reverse else x
         return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
-    return [*carry, *ys], rebuild([events_in_order(x) for x in flat])
+    return [*carry, *ys], logs.map_series(events_in_order)
 
 
 rules["scan"] = scan_rule
@@ -269,34 +244,34 @@ def cond_rule(handler, eqn, invals, active):
         return fun
 
     try:
-        outs, flat = jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
+        outs, logs = jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
     except TypeError:
         _check_branches_log_alike(records)
         raise
     _check_branches_log_alike(records)
-    return outs, records[0][0](flat)
+    return outs, logs
 
 
 rules["cond"] = cond_rule
 
 
 def _check_branches_log_alike(records) -> None:
-    first = records[0][1]
+    first = records[0][0]
     for i, rec in enumerate(records[1:], start=1):
-        if not rec:
+        if not rec or signature(rec[0]) == signature(first):
             continue
-        if [s.signature() for s in rec[1]] != [s.signature() for s in first]:
-            a = "; ".join(s.describe() for s in first) or "nothing"
-            b = "; ".join(s.describe() for s in rec[1]) or "nothing"
-            keys = sorted({s.key for s in first} ^ {s.key for s in rec[1]}) or sorted(
-                {s.key for s in first} | {s.key for s in rec[1]}
-            )
-            raise ValueError(
-                f"the branches of a `jax.lax.cond`/`switch` log differently (keys {', '.join(map(repr, keys))}): "
-                f"branch 0 logs {a}, branch {i} logs {b}. Every branch must log the same keys with the same "
-                "shapes, dtypes and step names, because the logs become outputs of the cond. Log the same "
-                "keys in every branch (e.g. a placeholder value) or move the log out of the cond."
-            )
+        other = rec[0]
+        differing = [k for k in {**first, **other} if k not in first or k not in other] or [
+            k for k in first if describe(first.filter(lambda key, _: key == k))
+            != describe(other.filter(lambda key, _: key == k))
+        ]
+        raise ValueError(
+            f"the branches of a `jax.lax.cond`/`switch` log differently (keys {', '.join(map(repr, differing))}): "
+            f"branch 0 logs {describe(first)}, branch {i} logs {describe(other)} (for `jax.lax.cond`, branch 0 "
+            "is `false_fun` and branch 1 is `true_fun`). Every branch must log the same keys with the same "
+            "shapes, dtypes and step names, because the logs become outputs of the cond. Log the same keys "
+            "in every branch (e.g. a placeholder value) or move the log out of the cond."
+        )
 
 
 def while_rule(handler, eqn, invals, active):
@@ -338,10 +313,8 @@ for _name in _compat.JIT_NAMES:
 
 def remat_rule(handler, eqn, invals, active):
     p = _compat.remat_params(eqn.params)
-    record: list = []
-    fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active, record)
-    outs, flat = jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
-    return outs, record[0](flat)
+    fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active, [])
+    return jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
 
 
 for _name in _compat.REMAT_NAMES:
@@ -350,11 +323,13 @@ for _name in _compat.REMAT_NAMES:
 
 # Semantically, the events of a custom_jvp / custom_vjp function are those of its
 # primal function, whether or not it is differentiated: the rebuilt function
-# returns them as extra outputs with zero tangents (cotangents are ignored).
-# Logs inside the JVP, forward or backward rules themselves are removed when
-# differentiating through lox, with a warning. (Under `spool(jax.grad(f))` JAX has
-# already replaced the function by its rule before lox sees it, so the rule's logs
-# are collected there like any other.)
+# returns them as extra outputs with zero tangents (their cotangents are
+# ignored). The JVP/forward/backward rules run as the user wrote them; they
+# usually call the primal function, whose events were collected already, so
+# those keys are removed from the rule, and any other log in a rule stays in the
+# program for an enclosing transform or the default output. (Under
+# `spool(jax.grad(f))` JAX has replaced the function by its rule before lox sees
+# it, so there the rule's logs are collected like any others.)
 def custom_jvp_rule(handler, eqn, invals, active):
     p = _compat.custom_call_params(eqn.params)
     record: list = []
@@ -366,14 +341,11 @@ def custom_jvp_rule(handler, eqn, invals, active):
 
     @fun.defjvp
     def fun_jvp(primals, tangents):
-        outs, flat = primal(*primals)
-        _, out_tangents = without_logs(
-            lambda p, t: jax.jvp(original, p, t), "JVP rule", _logged_keys(record), primals, tangents
-        )
-        return (outs, flat), (list(out_tangents), [jnp.zeros_like(x) for x in flat])
+        outs, logs = primal(*primals)
+        _, out_tangents = without_keys(lambda p, t: jax.jvp(original, p, t), frozenset(logs), primals, tangents)
+        return (outs, logs), (list(out_tangents), jax.tree_util.tree_map(jnp.zeros_like, logs))
 
-    outs, flat = fun(*invals)
-    return outs, record[0](flat)
+    return fun(*invals)
 
 
 for _name in _compat.CUSTOM_JVP_NAMES:
@@ -390,17 +362,16 @@ def custom_vjp_rule(handler, eqn, invals, active):
         return _compat.bind_equation(eqn, list(args))
 
     def fwd(*args):
-        _, flat = primal(*args)
-        outs, pullback = without_logs(lambda *a: jax.vjp(original, *a), "forward rule", _logged_keys(record), *args)
-        return (outs, flat), pullback
+        _, logs = primal(*args)
+        outs, pullback = without_keys(lambda *a: jax.vjp(original, *a), frozenset(logs), *args)
+        return (outs, logs), pullback
 
     def bwd(pullback, cotangents):
         out_cts, _ = cotangents
-        return tuple(without_logs(pullback, "backward rule", _logged_keys(record), list(out_cts)))
+        return tuple(without_keys(pullback, frozenset(record[0]), list(out_cts)))
 
     fun.defvjp(fwd, bwd)
-    outs, flat = fun(*invals)
-    return outs, record[0](flat)
+    return fun(*invals)
 
 
 for _name in _compat.CUSTOM_VJP_NAMES:
@@ -408,32 +379,20 @@ for _name in _compat.CUSTOM_VJP_NAMES:
 
 
 class DropAll(Handler):
-    """Removes every log (`lox.nolog`)."""
+    """Removes every log it selects (`lox.nolog` selects all)."""
 
     name = "lox.nolog"
 
+    def __init__(self, selection: Selection = Selection()):
+        self.selection = selection
+
     def on_log(self, site, values, steps, active):
-        return []
+        return None
 
 
-def _logged_keys(record: list) -> frozenset[str]:
-    return frozenset(s.key for s in record[1]) if record else frozenset()
-
-
-def without_logs(fun: Callable, what: str, primal_keys: frozenset[str], *args):
-    """Call `fun` with every log inside it removed.
-
-    Rules usually call the primal function, whose events were collected already;
-    other logs in the rule are lost, so those raise a warning.
-    """
+def without_keys(fun: Callable, keys: frozenset[str], *args):
+    """Call `fun` with its logs of `keys` removed."""
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
-    sites = [s for s in sites_in(closed.jaxpr) if not primal_keys.issuperset(s.keys)]
-    if sites:
-        warnings.warn(
-            f"lox.log calls inside a custom derivative's {what} ({_keys_text(sites)}) are not collected when "
-            "differentiating through a lox transform. Log in the primal function, or apply the lox "
-            "transform outside `jax.grad` to see them.",
-            stacklevel=2,
-        )
-    outs, _ = interpret(DropAll(), closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(args))
+    outs, _ = interpret(DropAll(Selection(argnames=keys)), closed.jaxpr, closed.consts,
+                        jax.tree_util.tree_leaves(args))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)

@@ -96,14 +96,13 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
         explicit=bool(explicit), batch_ndim=0, in_select=False,
     )
     log_p.bind(*flat, *step_values, **site._asdict())
-    return event_logdict(site, values, dict(zip(steps, step_values)))
+    return event_logdict(values, dict(zip(steps, step_values)))
 
 
-def event_logdict(site: Site, values: dict, steps: dict) -> logdict:
+def event_logdict(values: dict, steps: dict, expand=lambda x: jnp.expand_dims(x, 0)) -> logdict:
     """One event as a logdict: every array gets a leading event axis of 1."""
-    add_axis = lambda x: jnp.expand_dims(x, 0)  # noqa: E731
-    data = {k: jax.tree_util.tree_map(add_axis, v) for k, v in values.items()}
-    per_name = {name: {k: add_axis(s) for k in site.keys} for name, s in steps.items()}
+    data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
+    per_name = {name: {k: expand(s) for k in values} for name, s in steps.items()}
     return logdict(data, per_name)
 
 

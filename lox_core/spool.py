@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-import jax
-
-from lox_core.interpreter import Handler, Selection, Series
-from lox_core.logdict import REDUCTIONS, concat, logdict
-from lox_core.primitive import vmap_of_cond_message
+from lox_core.interpreter import Handler, Selection
+from lox_core.logdict import REDUCTIONS
+from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import jitted, trace_and_interpret, wraps
 
 
@@ -23,18 +21,7 @@ class SpoolHandler(Handler):
     def on_log(self, site, values, steps, active):
         if site.in_select and values:
             raise ValueError(vmap_of_cond_message(site, "spooled"))
-        one = lambda x: x[None]  # noqa: E731  (every event is a series of one)
-        return [
-            Series(key, jax.tree_util.tree_map(one, value), {n: one(s) for n, s in steps.items()})
-            for key, value in values.items()
-        ]
-
-
-def assemble(series: list[Series]) -> logdict:
-    """Series in program order → one logdict with a series per key."""
-    return concat(
-        logdict({s.key: s.value}, {name: {s.key: step} for name, step in s.steps.items()}) for s in series
-    )
+        return event_logdict(values, steps)
 
 
 def selection(argnames, tags) -> Selection:
@@ -108,8 +95,7 @@ def spool(
 
     def make_impl(get_fun):
         def spooled(*args, **kwargs):
-            out, series = trace_and_interpret(get_fun(), handler, args, kwargs)
-            logs = assemble(series)
+            out, logs = trace_and_interpret(get_fun(), handler, args, kwargs)
             if interval is not None:
                 logs = logs.slice[::interval]
             if reduce is not None:

@@ -10,7 +10,7 @@ import numpy as np
 from lox_core import console
 from lox_core.interpreter import Handler
 from lox_core.logdict import logdict
-from lox_core.primitive import vmap_of_cond_message
+from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.spool import selection
 from lox_core.transform import jitted, trace_and_interpret, wraps
 
@@ -37,13 +37,12 @@ class TapHandler(Handler):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         flat, tree = jax.tree_util.tree_flatten((values, steps))
-        keys = tuple(values)
 
         def deliver(taken, *leaves):
             if not np.all(taken):  # an untaken cond branch under vmap
                 return
-            vals, stps = jax.tree_util.tree_unflatten(tree, [np.asarray(x)[None] for x in leaves])
-            event = logdict(vals, {name: {k: s for k in keys} for name, s in stps.items()})
+            vals, stps = jax.tree_util.tree_unflatten(tree, leaves)
+            event = event_logdict(vals, stps, expand=lambda x: np.asarray(x)[None])
             self.callback(event.prefix(self.prefix) if self.prefix else event)
 
         jax.debug.callback(deliver, True if active is None else active, *flat, ordered=True)

@@ -8,10 +8,11 @@ from typing import Any, Callable, Hashable
 
 import jax
 
-from lox_core.interpreter import Handler, Series, interpret
+from lox_core.interpreter import Handler, interpret
+from lox_core.logdict import logdict
 
 
-def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict) -> tuple[Any, list[Series]]:
+def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict) -> tuple[Any, logdict]:
     """Run `fun(*args, **kwargs)` on the current trace with its logs handled."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     # Under jit every array argument is a tracer; anything else is a static value.
@@ -25,8 +26,8 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
         return fun(*a, **k)
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[leaves[i] for i in dynamic])
-    outs, series = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), series
+    outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), logs
 
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

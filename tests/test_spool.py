@@ -1,0 +1,623 @@
+"""`lox.spool`: the logs it returns equal what the same function returns when it
+carries the values out by hand."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lox
+
+
+def assert_series(logs, key, expected, steps=None):
+    np.testing.assert_allclose(np.asarray(logs[key]), np.asarray(expected), rtol=1e-6)
+    for name, want in (steps or {}).items():
+        np.testing.assert_array_equal(np.asarray(logs.steps[name][key]), np.asarray(want))
+
+
+# --- shapes and order --------------------------------------------------------------
+def test_single_event_gets_a_leading_event_axis():
+    def f(x):
+        lox.log({"x": x})
+        return x * 2
+
+    out, logs = lox.spool(f)(jnp.arange(3.0))
+    assert logs["x"].shape == (1, 3)
+    assert_series(logs, "x", [[0.0, 1.0, 2.0]])
+    np.testing.assert_allclose(out, jnp.arange(3.0) * 2)
+
+
+def test_scan_stacks_events_in_iteration_order_like_hand_written_ys():
+    def f(xs):
+        def step(c, x):
+            c = c + x
+            lox.log({"c": c, "v": jnp.stack([c, -c])}, step=x.astype(int))
+            return c, None
+
+        return jax.lax.scan(step, 0.0, xs)[0]
+
+    def by_hand(xs):
+        def step(c, x):
+            c = c + x
+            return c, (c, jnp.stack([c, -c]), x)
+
+        return jax.lax.scan(step, 0.0, xs)
+
+    xs = jnp.arange(5.0)
+    out, logs = lox.spool(f)(xs)
+    ref_out, (c, v, steps) = by_hand(xs)
+    np.testing.assert_allclose(out, ref_out)
+    assert_series(logs, "c", c, {"step": steps.astype(int)})
+    assert_series(logs, "v", v)
+
+
+def test_events_of_one_key_follow_program_order_across_levels():
+    def f(xs):
+        lox.log({"x": xs[0]}, step=-1)
+
+        def step(c, x):
+            lox.log({"x": x}, step=x.astype(int))
+            return c, None
+
+        jax.lax.scan(step, 0, xs)
+        lox.log({"x": xs[-1] * 10}, step=100)
+        return 0
+
+    _, logs = lox.spool(f)(jnp.arange(3.0))
+    assert_series(logs, "x", [0.0, 0.0, 1.0, 2.0, 20.0], {"step": [-1, 0, 1, 2, 100]})
+
+
+def test_nested_scans_compose_in_iteration_order():
+    def f(xss):
+        def outer(c, xs):
+            def inner(c2, x):
+                lox.log({"x": x})
+                return c2, None
+
+            jax.lax.scan(inner, 0, xs)
+            lox.log({"row_sum": xs.sum()})
+            return c, None
+
+        jax.lax.scan(outer, 0, xss)
+        return 0
+
+    xss = jnp.arange(12.0).reshape(3, 4)
+    _, logs = lox.spool(f)(xss)
+    assert_series(logs, "x", xss.reshape(-1))
+    assert_series(logs, "row_sum", xss.sum(1))
+
+
+def test_several_events_per_iteration_interleave_in_execution_order():
+    def f(xs):
+        def step(c, x):
+            lox.log({"x": x})
+            lox.log({"x": -x})
+            return c, None
+
+        jax.lax.scan(step, 0, xs)
+        return 0
+
+    _, logs = lox.spool(f)(jnp.arange(1.0, 4.0))
+    assert_series(logs, "x", [1.0, -1.0, 2.0, -2.0, 3.0, -3.0])
+
+
+def test_reverse_scan_logs_in_execution_order():
+    def f(xs):
+        def step(c, x):
+            lox.log({"x": x})
+            return c, None
+
+        jax.lax.scan(step, 0, xs, reverse=True)
+        return 0
+
+    _, logs = lox.spool(f)(jnp.arange(4.0))
+    assert_series(logs, "x", [3.0, 2.0, 1.0, 0.0])
+
+
+def test_static_fori_loop_and_lax_map():
+    def f(xs):
+        def body(i, c):
+            c = c + xs[i]
+            lox.log({"c": c}, step=i, episode=i // 2)
+            return c
+
+        return jax.lax.fori_loop(0, xs.shape[0], body, 0.0)
+
+    xs = jnp.arange(4.0)
+    _, logs = lox.spool(f)(xs)
+    assert_series(logs, "c", jnp.cumsum(xs), {"step": [0, 1, 2, 3], "episode": [0, 0, 1, 1]})
+    assert_series(logs, "c", jnp.cumsum(xs), {"step": logs.step["c"], "episode": logs.episode["c"]})
+
+    def g(xs):
+        return jax.lax.map(lambda x: (lox.log({"sq": x * x}), x)[1], xs)
+
+    _, logs = lox.spool(g)(xs)
+    assert_series(logs, "sq", xs * xs)
+
+
+def test_pytree_values_of_any_depth():
+    def f(w, b):
+        lox.log({"params": {"w": w, "layers": [b, (b * 2, {"deep": w.sum()})]}})
+        return w
+
+    w, b = jnp.ones((2, 3)), jnp.arange(3.0)
+    _, logs = lox.spool(f)(w, b)
+    p = logs["params"]
+    assert p["w"].shape == (1, 2, 3)
+    np.testing.assert_allclose(p["layers"][1][0][0], b * 2)
+    np.testing.assert_allclose(p["layers"][1][1]["deep"], [6.0])
+
+
+def test_python_and_numpy_scalars_can_be_logged():
+    def f(x):
+        lox.log({"py": 3, "np": np.float32(2.5), "flag": True})
+        return x
+
+    _, logs = lox.spool(f)(1.0)
+    assert logs["py"].tolist() == [3] and logs["np"].tolist() == [2.5] and logs["flag"].tolist() == [True]
+
+
+def test_missing_step_names_are_filled_with_the_sentinel():
+    def f(x):
+        lox.log({"x": x}, step=1)
+        lox.log({"x": x + 1})
+        lox.log({"x": x + 2}, step=3, episode=7)
+        return x
+
+    _, logs = lox.spool(f)(0.0)
+    assert_series(logs, "x", [0.0, 1.0, 2.0], {"step": [1, lox.NO_STEP, 3], "episode": [lox.NO_STEP, lox.NO_STEP, 7]})
+
+
+# --- selection and post-processing -----------------------------------------------------
+def test_argnames_tags_and_explicit():
+    def f(x):
+        lox.log({"loss": x, "acc": -x}, tags=["metric"])
+        lox.log({"grad": 2 * x}, tags=["debug"])
+        lox.log({"secret": 3 * x}, explicit=True)
+        return x
+
+    with lox_default_off():
+        assert set(lox.spool(f)(1.0)[1]) == {"loss", "acc", "grad"}
+        assert set(lox.spool(f, argnames=["loss"])(1.0)[1]) == {"loss"}
+        assert set(lox.spool(f, tags=["debug"])(1.0)[1]) == {"grad"}
+        assert set(lox.spool(f, tags="metric", argnames=["acc", "grad"])(1.0)[1]) == {"acc"}
+        assert set(lox.spool(f, argnames=["secret"])(1.0)[1]) == {"secret"}
+
+
+def test_unselected_events_stay_for_an_outer_spool():
+    def f(x):
+        lox.log({"loss": x}, tags=["metric"])
+        lox.log({"grad": 2 * x})
+        return x
+
+    def outer(x):
+        y, inner_logs = lox.spool(f, tags=["metric"])(x)
+        return inner_logs["loss"]
+
+    loss, logs = lox.spool(outer)(3.0)
+    np.testing.assert_allclose(loss, [3.0])
+    assert list(logs) == ["grad"]
+    assert_series(logs, "grad", [6.0])
+
+
+def test_keep_logs_lets_an_outer_spool_see_them_again():
+    def f(x):
+        lox.log({"x": x})
+        return x + 1
+
+    def consumed(x):
+        return lox.spool(f)(x)[0]
+
+    def kept(x):
+        return lox.spool(f, keep_logs=True)(x)[0]
+
+    assert dict(lox.spool(consumed)(1.0)[1]) == {}
+    assert_series(lox.spool(kept)(1.0)[1], "x", [1.0])
+
+
+def test_interval_reduce_and_prefix():
+    def f(xs):
+        def step(c, x):
+            lox.log({"x": x}, step=x.astype(int))
+            return c, None
+
+        jax.lax.scan(step, 0, xs)
+        return 0
+
+    xs = jnp.arange(10.0)
+    _, logs = lox.spool(f, interval=3)(xs)
+    assert_series(logs, "x", xs[::3], {"step": [0, 3, 6, 9]})
+    for mode, ref in [("mean", xs.mean()), ("sum", xs.sum()), ("min", 0.0), ("max", 9.0), ("first", 0.0), ("last", 9.0)]:
+        _, logs = lox.spool(f, reduce=mode)(xs)
+        assert_series(logs, "x", [ref])
+    _, logs = lox.spool(f, prefix="train/", reduce="last")(xs)
+    assert list(logs) == ["train/x"] and logs.step["train/x"].tolist() == [9]
+
+
+# --- jit ------------------------------------------------------------------------------
+def test_spool_of_jitted_function_and_jit_of_spool():
+    @jax.jit
+    def f(x):
+        lox.log({"x": x})
+        return jnp.sin(x)
+
+    with lox_default_off():
+        f(1.0)  # compiled once without spool
+    out, logs = lox.spool(f)(1.0)
+    out2, logs2 = jax.jit(lox.spool(f))(1.0)
+    np.testing.assert_allclose(out, np.sin(1.0), rtol=1e-6)
+    assert_series(logs, "x", [1.0])
+    assert_series(logs2, "x", [1.0])
+
+
+def test_logs_inside_nested_jits():
+    inner = jax.jit(lambda x: (lox.log({"inner": x}), x * 2)[1])
+
+    @jax.jit
+    def middle(x):
+        lox.log({"middle": x})
+        return inner(x) + inner(x + 1)
+
+    _, logs = lox.spool(lambda x: middle(x))(1.0)
+    assert_series(logs, "inner", [1.0, 2.0])
+    assert_series(logs, "middle", [1.0])
+
+
+def test_spool_traces_once_per_signature_even_with_a_fresh_wrapper():
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        lox.log({"x": x})
+        return x
+
+    lox.spool(f)(jnp.ones(3))
+    spooled = lox.spool(f)
+    spooled(jnp.ones(3))
+    spooled(jnp.zeros(3))
+    assert len(traces) == 1
+    lox.spool(f)(jnp.ones(4))  # a new shape is a new signature
+    assert len(traces) == 2
+    lox.spool(f, argnames=["x"])(jnp.ones(3))  # a new configuration is a new program
+    assert len(traces) == 3
+
+
+def test_static_argnums_and_argnames():
+    def f(x, n, *, scale):
+        for i in range(n):
+            lox.log({"x": x * scale}, step=i)
+        return x
+
+    _, logs = lox.spool(f, static_argnums=1, static_argnames="scale")(1.0, 3, scale=2.0)
+    assert_series(logs, "x", [2.0, 2.0, 2.0], {"step": [0, 1, 2]})
+
+
+def test_spool_inside_an_outer_jit_closing_over_tracers():
+    @jax.jit
+    def outer(x, y):
+        def f(z):
+            lox.log({"sum": z + y})
+            return z * y
+
+        return lox.spool(f)(x)
+
+    out, logs = outer(2.0, 3.0)
+    assert float(out) == 6.0
+    assert_series(logs, "sum", [5.0])
+
+
+# --- cond and switch ---------------------------------------------------------------------
+def test_cond_and_switch_log_the_branch_taken():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -x}), x)[1], x)
+
+    assert_series(lox.spool(f)(3.0)[1], "v", [3.0])
+    assert_series(lox.spool(f)(-2.0)[1], "v", [2.0])
+
+    def g(i, x):
+        branches = [lambda x, k=k: (lox.log({"v": x * k}, step=k), x)[1] for k in range(3)]
+        return jax.lax.switch(i, branches, x)
+
+    for i in range(3):
+        assert_series(lox.spool(g)(i, 1.0)[1], "v", [float(i)], {"step": [i]})
+
+
+def test_cond_branches_that_log_differently_raise_naming_key_and_branch():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"a": x}), x)[1], lambda x: x, x)
+
+    with pytest.raises(ValueError, match=r"keys 'a'.*branch 0 logs nothing, branch 1 logs 'a': float32\[\]"):
+        lox.spool(f)(1.0)
+
+    def g(x):
+        return jax.lax.cond(
+            x > 0, lambda x: (lox.log({"a": x}), x)[1], lambda x: (lox.log({"a": jnp.stack([x, x])}), x)[1], x
+        )
+
+    with pytest.raises(ValueError, match=r"keys 'a'.*branch 0 logs 'a': float32\[2\], branch 1 logs 'a': float32\[\]"):
+        lox.spool(g)(1.0)
+
+
+def test_cond_inside_scan():
+    def f(xs):
+        def step(c, x):
+            jax.lax.cond(x % 2 == 0, lambda: lox.log({"x": x}), lambda: lox.log({"x": -x}))
+            return c, None
+
+        jax.lax.scan(step, 0, xs)
+        return 0
+
+    _, logs = lox.spool(f)(jnp.arange(4.0))
+    assert_series(logs, "x", [0.0, -1.0, 2.0, -3.0])
+
+
+# --- while loops -----------------------------------------------------------------------------
+def test_while_loop_raises_naming_the_loop_and_keys():
+    def f(x):
+        return jax.lax.while_loop(lambda c: c < 3, lambda c: (lox.log({"c": c, "d": c}), c + 1)[1], x)
+
+    with pytest.raises(ValueError, match=r"keys 'c', 'd'.*while_loop.*jax.lax.scan.*lox.tap.*lox.nolog"):
+        lox.spool(f)(0)
+
+    def g(n):
+        return jax.lax.fori_loop(0, n, lambda i, c: (lox.log({"i": i}), c + i)[1], 0)
+
+    with pytest.raises(ValueError, match=r"keys 'i'.*fori_loop"):
+        lox.spool(g)(3)
+
+
+def test_while_loop_without_selected_logs_is_fine():
+    def f(x):
+        lox.log({"before": x})
+        y = jax.lax.while_loop(lambda c: c < 3, lambda c: (lox.log({"inside": c}, tags=["dbg"]), c + 1)[1], x)
+        return y
+
+    with lox_default_off():
+        out, logs = lox.spool(f, argnames=["before"])(0)
+    assert int(out) == 3 and list(logs) == ["before"]
+
+
+# --- vmap ------------------------------------------------------------------------------------
+def f_vmap(x):
+    lox.log({"x": x, "sq": x * x}, step=7)
+    return x + 1
+
+
+def test_spool_of_vmap_puts_events_first_and_batch_after():
+    xs = jnp.arange(4.0)
+    _, logs = lox.spool(jax.vmap(f_vmap))(xs)
+    assert logs["x"].shape == (1, 4)
+    assert_series(logs, "sq", [xs * xs])
+    assert logs.step["x"].shape == (1, 4) and (logs.step["x"] == 7).all()
+
+
+def test_vmap_of_spool_puts_batch_first():
+    xs = jnp.arange(4.0)
+    _, logs = jax.vmap(lox.spool(f_vmap))(xs)
+    assert logs["x"].shape == (4, 1)
+    assert_series(logs, "sq", (xs * xs)[:, None])
+
+
+def test_vmap_of_scan_with_unbatched_values():
+    def f(x):
+        def step(c, i):
+            lox.log({"x": x, "i": i}, step=i)
+            return c, None
+
+        jax.lax.scan(step, 0, jnp.arange(3))
+        return x
+
+    _, logs = lox.spool(jax.vmap(f))(jnp.arange(2.0))
+    assert logs["x"].shape == (3, 2) and logs["i"].shape == (3, 2)
+    assert_series(logs, "i", [[0, 0], [1, 1], [2, 2]], {"step": [[0, 0], [1, 1], [2, 2]]})
+
+
+def branchy(x):
+    return jax.lax.cond(x > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -10 * x}), x)[1], x)
+
+
+def test_vmap_of_spool_gives_each_element_the_branch_it_took():
+    xs = jnp.array([-1.0, 2.0, -3.0])
+    _, logs = jax.vmap(lox.spool(branchy))(xs)
+    assert logs["v"].shape == (3, 1)
+    assert_series(logs, "v", [[10.0], [2.0], [30.0]])
+
+
+def test_spool_of_vmap_of_cond_with_batched_predicate_raises():
+    with pytest.raises(ValueError, match=r"'v'.*batched by `jax.vmap`.*jax.vmap\(lox.spool\(f\)\)"):
+        lox.spool(jax.vmap(branchy))(jnp.array([-1.0, 2.0]))
+
+
+def test_vmap_of_cond_with_unbatched_predicate_is_spooled():
+    def f(x, p):
+        return jax.lax.cond(p, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -x}), x)[1], x)
+
+    _, logs = lox.spool(jax.vmap(f, in_axes=(0, None)))(jnp.arange(3.0), False)
+    assert_series(logs, "v", [[-0.0, -1.0, -2.0]])
+
+
+# --- autodiff --------------------------------------------------------------------------------
+def loss_fn(w):
+    def step(c, x):
+        c = jnp.tanh(c * w + x)
+        lox.log({"c": c}, step=x.astype(int))
+        return c, None
+
+    return jax.lax.scan(step, 0.0, jnp.arange(5.0))[0]
+
+
+def by_hand_cs(w):
+    def step(c, x):
+        c = jnp.tanh(c * w + x)
+        return c, c
+
+    return jax.lax.scan(step, 0.0, jnp.arange(5.0))[1]
+
+
+def test_grad_of_spool_with_has_aux():
+    g, logs = jax.grad(lambda w: lox.spool(loss_fn)(w), has_aux=True)(0.5)
+    np.testing.assert_allclose(g, jax.grad(lox.nolog(loss_fn))(0.5), rtol=1e-6)
+    assert_series(logs, "c", by_hand_cs(0.5), {"step": [0, 1, 2, 3, 4]})
+
+
+def test_spool_of_grad_logs_primal_values_once_per_iteration():
+    for transformed in (jax.grad, jax.value_and_grad):
+        out, logs = lox.spool(transformed(loss_fn))(0.5)
+        assert_series(logs, "c", by_hand_cs(0.5), {"step": [0, 1, 2, 3, 4]})
+    ref = jax.grad(lox.nolog(loss_fn))(0.5)
+    np.testing.assert_allclose(lox.spool(jax.grad(loss_fn))(0.5)[0], ref, rtol=1e-6)
+
+
+def test_jvp_and_vjp_inside_spool():
+    (y, t), logs = lox.spool(lambda w: jax.jvp(loss_fn, (w,), (1.0,)))(0.5)
+    assert_series(logs, "c", by_hand_cs(0.5))
+    np.testing.assert_allclose(t, jax.grad(lox.nolog(loss_fn))(0.5), rtol=1e-6)
+
+    def pullback(w):
+        y, vjp = jax.vjp(loss_fn, w)
+        return vjp(1.0)[0]
+
+    g, logs = lox.spool(pullback)(0.5)
+    assert_series(logs, "c", by_hand_cs(0.5))
+
+
+def test_checkpoint_under_grad_both_orders():
+    ckpt = jax.checkpoint(loss_fn)
+    g1, logs1 = lox.spool(jax.grad(ckpt))(0.5)
+    g2, logs2 = jax.grad(lambda w: lox.spool(ckpt)(w), has_aux=True)(0.5)
+    ref = jax.grad(lox.nolog(loss_fn))(0.5)
+    np.testing.assert_allclose(g1, ref, rtol=1e-6)
+    np.testing.assert_allclose(g2, ref, rtol=1e-6)
+    assert_series(logs1, "c", by_hand_cs(0.5))
+    assert_series(logs2, "c", by_hand_cs(0.5))
+
+
+def test_checkpointed_scan_body_logs_once_per_iteration_under_grad():
+    def f(w):
+        @jax.checkpoint
+        def step(c, x):
+            c = jnp.sin(c * w + x)
+            lox.log({"c": c})
+            return c, None
+
+        return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
+
+    g, logs = lox.spool(jax.grad(f))(0.3)
+    assert logs["c"].shape == (4,)
+    np.testing.assert_allclose(g, jax.grad(lox.nolog(f))(0.3), rtol=1e-6)
+
+
+@jax.custom_jvp
+def soft(x):
+    lox.log({"soft_in": x})
+    return jnp.log1p(jnp.exp(x))
+
+
+@soft.defjvp
+def soft_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return soft(x), 2.0 * t  # a deliberately unusual rule, so that we can see it is used
+
+
+def test_custom_jvp_logs_of_the_primal_and_rule_is_kept():
+    out, logs = lox.spool(soft)(1.0)
+    assert_series(logs, "soft_in", [1.0])
+    g, logs = jax.grad(lambda x: lox.spool(soft)(x), has_aux=True)(1.0)
+    assert float(g) == 2.0
+    assert_series(logs, "soft_in", [1.0])
+    g, logs = lox.spool(jax.grad(soft))(1.0)
+    assert float(g) == 2.0
+    assert_series(logs, "soft_in", [1.0])
+
+
+def test_logs_inside_a_custom_rule_reach_an_enclosing_transform():
+    @jax.custom_jvp
+    def f(x):
+        lox.log({"primal": x})
+        return x * 3
+
+    @f.defjvp
+    def f_jvp(p, t):
+        lox.log({"in_rule": p[0] + 1})
+        return f(p[0]), 3 * t[0]
+
+    def grad_of_inner_spool(x):
+        g, inner = jax.grad(lambda x: lox.spool(f)(x), has_aux=True)(x)
+        return inner["primal"]
+
+    inner_primal, outer = lox.spool(grad_of_inner_spool)(1.0)
+    np.testing.assert_allclose(inner_primal, [1.0])
+    assert list(outer) == ["in_rule"]  # the primal's event is not seen twice
+    assert_series(outer, "in_rule", [2.0])
+    _, logs = lox.spool(jax.grad(f))(1.0)  # lox outside grad: the rule is the program
+    assert_series(logs, "in_rule", [2.0])
+    assert_series(logs, "primal", [1.0])
+
+
+@jax.custom_vjp
+def clip_grad(x):
+    lox.log({"clip_in": x})
+    return jnp.sin(x)
+
+
+clip_grad.defvjp(lambda x: (clip_grad(x), x), lambda x, g: (jnp.clip(g * jnp.cos(x), -0.1, 0.1),))
+
+
+def test_custom_vjp_keeps_its_rule_and_logs_its_primal():
+    ref = jnp.clip(jnp.cos(1.0), -0.1, 0.1)
+    g, logs = jax.grad(lambda x: lox.spool(clip_grad)(x), has_aux=True)(1.0)
+    np.testing.assert_allclose(g, ref)
+    assert_series(logs, "clip_in", [1.0])
+    g, logs = lox.spool(jax.grad(clip_grad))(1.0)
+    np.testing.assert_allclose(g, ref)
+    assert_series(logs, "clip_in", [1.0])
+
+
+# --- errors ----------------------------------------------------------------------------------
+def test_same_key_with_different_shapes_raises_naming_key_and_shapes():
+    def f(x):
+        lox.log({"k": x})
+        lox.log({"k": jnp.stack([x, x])})
+        return x
+
+    with pytest.raises(ValueError, match=r"key 'k'.*float32\[\] and float32\[2\]"):
+        lox.spool(f)(1.0)
+
+    def g(x):
+        lox.log({"k": x})
+        lox.log({"k": x.astype(jnp.int32)})
+        return x
+
+    with pytest.raises(ValueError, match=r"key 'k'.*float32\[\] and int32\[\]"):
+        lox.spool(g)(1.0)
+
+
+def test_bad_spool_options_raise():
+    f = lambda x: x  # noqa: E731
+    with pytest.raises(ValueError, match=r"unknown reduce mode 'median'.*mean, sum, min, max, first, last"):
+        lox.spool(f, reduce="median")
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"interval must be an integer >= 1, got"):
+            lox.spool(f, interval=bad)
+    with pytest.raises(TypeError, match=r"`argnames` must be strings, got 3"):
+        lox.spool(f, argnames=["a", 3])
+
+
+def test_unknown_higher_order_primitive_with_logs_raises_naming_it():
+    def f(b):
+        def matvec(x):
+            lox.log({"mv": x})
+            return 2.0 * x
+
+        return jax.lax.custom_linear_solve(matvec, b, lambda mv, b: b / 2.0)
+
+    with pytest.raises(NotImplementedError, match=r"`custom_linear_solve` contains lox.log calls \(keys 'mv'\).*lox.nolog"):
+        lox.spool(f)(jnp.ones(2))
+
+
+class lox_default_off:
+    def __enter__(self):
+        lox.set_default("off")
+
+    def __exit__(self, *exc):
+        lox.set_default("console")
