@@ -21,10 +21,15 @@ def _events(value) -> int:
     return leaves[0].shape[0] if leaves else 0
 
 
+def _numpy_or_jax(*arrays):
+    """NumPy for host-side logs (tapped events, files), jax.numpy otherwise."""
+    return np if all(isinstance(x, (np.ndarray, np.generic)) for x in arrays) else jnp
+
+
 def _concat(parts: list):
     if len(parts) == 1:
         return parts[0]
-    return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+    return jax.tree_util.tree_map(lambda *xs: _numpy_or_jax(*xs).concatenate(xs, axis=0), *parts)
 
 
 class logdict(dict):
@@ -194,7 +199,7 @@ def concat(parts: Iterable[logdict]) -> logdict:
                 continue
             like = next(h for h in have if h is not None)
             filled = [
-                h if h is not None else jnp.full((_events(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
+                h if h is not None else _numpy_or_jax(like).full((_events(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
                 for h, p in zip(have, holders)
             ]
             steps[name][key] = _concat(filled)

@@ -162,7 +162,10 @@ def _abstract_eval(*avals, **params):
 
 @log_p.def_impl
 def _impl(*operands, **params):
-    console.default_output(site_of(params), operands)
+    site = site_of(params)
+    if site.in_select:
+        raise ValueError(vmap_of_cond_message(site, "printed"))
+    console.default_output(site, operands)
     return []
 
 

@@ -36,13 +36,14 @@ class TapHandler(Handler):
             return []
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
-        flat, tree = jax.tree_util.tree_flatten((values, steps))
+        keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
+        flat, tree = jax.tree_util.tree_flatten(([values[k] for k in keys], [steps[n] for n in names]))
 
         def deliver(taken, *leaves):
             if not np.all(taken):  # an untaken cond branch under vmap
                 return
             vals, stps = jax.tree_util.tree_unflatten(tree, leaves)
-            event = event_logdict(vals, stps, expand=lambda x: np.asarray(x)[None])
+            event = event_logdict(dict(zip(keys, vals)), dict(zip(names, stps)), expand=lambda x: np.asarray(x)[None])
             self.callback(event.prefix(self.prefix) if self.prefix else event)
 
         jax.debug.callback(deliver, True if active is None else active, *flat, ordered=True)

@@ -1,0 +1,113 @@
+"""`logdict` algebra, pytree behaviour and display."""
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lox
+from lox_core.logdict import concat
+
+keys = st.sampled_from(["a", "b", "c"])
+step_names = st.sampled_from(["step", "episode"])
+
+
+@st.composite
+def logdicts(draw):
+    data, steps = {}, {}
+    for key in draw(st.lists(keys, unique=True, max_size=3)):
+        n = draw(st.integers(1, 4))
+        data[key] = np.asarray(draw(st.lists(st.floats(-1e3, 1e3, width=32), min_size=n, max_size=n)), np.float32)
+        for name in draw(st.lists(step_names, unique=True)):
+            steps.setdefault(name, {})[key] = np.asarray(draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)))
+    return lox.logdict(data, steps)
+
+
+def events(logs, key):
+    return logs[key].shape[0] if key in logs else 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(logdicts(), logdicts(), logdicts())
+def test_concatenation_is_associative_and_keeps_every_event(a, b, c):
+    left, right = (a + b) + c, a + (b + c)
+    for key in set(a) | set(b) | set(c):
+        assert events(left, key) == events(a, key) + events(b, key) + events(c, key)
+        np.testing.assert_array_equal(left[key], right[key])
+        for name in left.step_names(key):
+            np.testing.assert_array_equal(left.steps[name][key], right.steps[name][key])
+
+
+@settings(max_examples=60, deadline=None)
+@given(logdicts(), logdicts())
+def test_concatenation_keeps_steps_aligned_and_fills_missing_ones(a, b):
+    ab = a + b
+    for key in ab:
+        for name in ab.step_names(key):
+            steps = np.asarray(ab.steps[name][key])
+            assert steps.shape == (events(ab, key),)
+            head = np.asarray(a.steps.get(name, {}).get(key, np.full(events(a, key), lox.NO_STEP)))
+            tail = np.asarray(b.steps.get(name, {}).get(key, np.full(events(b, key), lox.NO_STEP)))
+            np.testing.assert_array_equal(steps, np.concatenate([head, tail]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(logdicts())
+def test_pytree_and_pickle_round_trips(logs):
+    leaves, tree = jax.tree_util.tree_flatten(logs)
+    back = jax.tree_util.tree_unflatten(tree, leaves)
+    again = pickle.loads(pickle.dumps(logs))
+    for other in (back, again):
+        assert list(other) == list(logs) and other.steps.keys() == logs.steps.keys()
+        for key in logs:
+            np.testing.assert_array_equal(other[key], logs[key])
+
+
+@settings(max_examples=60, deadline=None)
+@given(logdicts(), st.sampled_from(["mean", "sum", "min", "max", "first", "last"]))
+def test_reduce_matches_numpy(logs, mode):
+    reduced = logs.reduce(mode)
+    for key, value in logs.items():
+        ref = {"mean": np.mean, "sum": np.sum, "min": np.min, "max": np.max,
+               "first": lambda v: v[0], "last": lambda v: v[-1]}[mode](value)
+        np.testing.assert_allclose(reduced[key], [ref], rtol=1e-5, atol=1e-3)
+        for name in logs.step_names(key):
+            want = logs.steps[name][key][0 if mode == "first" else -1]
+            assert reduced.steps[name][key].tolist() == [want]
+
+
+def test_merge_filter_prefix_slice():
+    a = lox.logdict({"x": jnp.arange(4), "y": jnp.ones(4)}, {"step": {"x": jnp.arange(4), "y": jnp.arange(4)}})
+    b = lox.logdict({"y": jnp.zeros(2)}, {"epoch": {"y": jnp.array([5, 6])}})
+    merged = a | b
+    assert merged["y"].tolist() == [0, 0] and merged.step_names("y") == ["epoch"] and merged.step["x"].tolist() == [0, 1, 2, 3]
+    assert list(a.filter(lambda k, v: k == "x")) == ["x"]
+    assert list(a.prefix("train/")) == ["train/x", "train/y"] and "train/x" in a.prefix("train/").step
+    sliced = a.slice[1::2]
+    assert sliced["x"].tolist() == [1, 3] and sliced.step["y"].tolist() == [1, 3]
+    with pytest.raises(TypeError, match=r"takes a slice such as `logs.slice\[::10\]`"):
+        a.slice[0]
+
+
+def test_errors_name_the_problem():
+    a = lox.logdict({"x": jnp.zeros((2, 3))})
+    with pytest.raises(ValueError, match=r"key 'x'.*float32\[3\] and float32\[4\]"):
+        a + lox.logdict({"x": jnp.zeros((1, 4))})
+    with pytest.raises(ValueError, match=r"unknown reduce mode 'median': use one of mean, sum, min, max, first, last"):
+        a.reduce("median")
+    with pytest.raises(AttributeError, match=r"no step named 'episode'; its step names are \[\]"):
+        a.episode
+
+
+def test_repr_shows_keys_shapes_and_step_names():
+    logs = lox.logdict({"loss": jnp.zeros(10), "w": {"k": jnp.zeros((10, 3), jnp.int32)}}, {"step": {"loss": jnp.arange(10)}})
+    assert repr(logs) == "logdict({\n  'loss': float32[10]  steps: step,\n  'w': {'k': 'int32[10,3]'}\n})"
+    assert repr(lox.logdict()) == "logdict({})"
+
+
+def test_concat_of_nothing_is_empty():
+    assert concat([]) == {}

@@ -1,0 +1,91 @@
+"""`lox.log`: what it accepts, what it returns, and its default console output."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lox
+
+
+def test_log_returns_the_event_as_a_one_event_logdict():
+    event = lox.log({"x": jnp.arange(3.0), "tree": {"a": 1.0}}, step=4, episode=2)
+    assert isinstance(event, lox.logdict)
+    assert event["x"].shape == (1, 3) and event["tree"]["a"].shape == (1,)
+    assert event.step["x"].tolist() == [4] and event.episode["tree"].tolist() == [2]
+
+
+def test_prefix_renames_keys():
+    _, logs = lox.spool(lambda x: lox.log({"loss": x}, prefix="val/") and x)(1.0)
+    assert list(logs) == ["val/loss"]
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: lox.log([1.0]), TypeError, r"takes a dict from str keys to arrays, got list"),
+        (lambda: lox.log({3: 1.0}), TypeError, r"keys must be strings, got 3 \(int\)"),
+        (lambda: lox.log({"name": "adam"}), TypeError, r"got a str for key 'name'"),
+        (lambda: lox.log({"obj": object()}), TypeError, r"got a object for key 'obj'"),
+        (lambda: lox.log({"deep": {"a": [1.0, None, "x"]}}), TypeError, r"got a str for key 'deep'"),
+        (lambda: lox.log({"s": np.array(["a", "b"])}), TypeError, r"dtype <U1 for key 's'"),
+        (lambda: lox.log({"x": 1.0}, step=1.5), TypeError, r"step 'step' must be an integer scalar, got 1.5"),
+        (lambda: lox.log({"x": 1.0}, step=True), TypeError, r"step 'step' must be an integer scalar"),
+        (lambda: lox.log({"x": 1.0}, epoch=jnp.arange(2)), ValueError, r"step 'epoch' must be a scalar, got shape \(2,\)"),
+        (lambda: lox.log({"x": 1.0}, tags=["a", 2]), TypeError, r"tags must be strings, got 2"),
+    ],
+)
+def test_bad_input_raises_a_clear_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_bad_input_raises_inside_jit_too():
+    with pytest.raises(TypeError, match=r"got a str for key 'name'"):
+        lox.spool(lambda x: lox.log({"name": "adam"}))(1.0)
+
+
+def test_default_prints_eagerly_and_under_jit(capsys):
+    lox.log({"x": 1.5, "v": jnp.arange(2)}, step=3)
+    jax.jit(lambda x: lox.log({"y": x * 2}))(2.0)
+    jax.effects_barrier()
+    assert capsys.readouterr().out.splitlines() == ["[step=3] x=1.5 v=[0 1]", "y=4"]
+
+
+def test_set_default_off_silences_the_default(capsys):
+    lox.set_default("off")
+    try:
+        lox.log({"x": 1.0})
+        jax.jit(lambda x: lox.log({"y": x}))(2.0)
+        jax.effects_barrier()
+    finally:
+        lox.set_default("console")
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match=r"unknown default 'file': use one of console, off"):
+        lox.set_default("file")
+
+
+def run_python(code: str, **env):
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
+
+
+def test_lox_default_environment_variable():
+    code = "import jax, lox; lox.log({'x': 1.0}); jax.jit(lambda x: lox.log({'y': x}))(2.0); jax.effects_barrier()"
+    assert run_python(code, LOX_DEFAULT="off").stdout == ""
+    assert run_python(code, LOX_DEFAULT="console").stdout.splitlines() == ["x=1", "y=2"]
+    bad = run_python(code, LOX_DEFAULT="loud")
+    assert bad.returncode != 0 and "LOX_DEFAULT='loud' is not a valid setting: use one of console, off" in bad.stderr
+
+
+def test_default_output_refuses_vmap_of_cond_instead_of_printing_twice():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: lox.log({"v": x}) and x, lambda x: lox.log({"v": -x}) and x, x)
+
+    with pytest.raises(ValueError, match=r"'v'.*batched by `jax.vmap`.*printed"):
+        jax.jit(jax.vmap(f))(jnp.array([-1.0, 1.0]))

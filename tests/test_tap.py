@@ -1,0 +1,144 @@
+"""`lox.tap`: one callback per event, in execution order, adding up to the spooled logs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lox
+from lox_core.logdict import concat
+
+
+def program(xs):
+    lox.log({"start": xs.sum()}, step=0)
+
+    def step(c, x):
+        c = c + x
+        lox.log({"c": c, "pair": {"a": c, "b": jnp.stack([x, x])}}, step=x.astype(int))
+        lox.log({"c": -c}, step=x.astype(int), phase=1)
+        return c, None
+
+    c, _ = jax.lax.scan(step, 0.0, xs)
+    lox.log({"end": c})
+    return c
+
+
+def assert_logs_equal(a, b):
+    assert list(a) == list(b)
+    for key in a:
+        for x, y in zip(jax.tree_util.tree_leaves(a[key]), jax.tree_util.tree_leaves(b[key])):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+        assert a.step_names(key) == b.step_names(key)
+        for name in a.step_names(key):
+            np.testing.assert_array_equal(np.asarray(a.steps[name][key]), np.asarray(b.steps[name][key]))
+
+
+def test_events_arrive_in_order_and_add_up_to_the_spooled_logs():
+    xs = jnp.arange(1.0, 5.0)
+    events = []
+    out = lox.tap(program, events.append)(xs)
+    assert float(out) == 10.0
+    assert len(events) == 1 + 2 * 4 + 1  # delivered before tap returned
+    assert all(len(e) == 1 and next(iter(e.values())).shape[0] == 1 for e in events if "pair" not in e)
+    assert [list(e)[0] for e in events[:3]] == ["start", "c", "c"]
+    _, spooled = lox.spool(program)(xs)
+    assert_logs_equal(concat(events), spooled)
+
+
+def test_default_callback_prints_each_event(capsys):
+    lox.tap(program)(jnp.arange(1.0, 3.0))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "[step=0] start=3"
+    assert lines[1].startswith("[step=1] c=1 pair={a: 1, b: [1. 1.]}")
+    assert lines[2] == "[step=1 phase=1] c=-1"
+    assert lines[-1] == "end=3"
+
+
+def test_tap_streams_events_from_a_while_loop():
+    def f(n):
+        def body(c):
+            lox.log({"c": c}, step=c)
+            return c + 1
+
+        return jax.lax.while_loop(lambda c: c < n, body, 0)
+
+    events = []
+    assert int(lox.tap(f, events.append)(4)) == 4
+    assert [int(e["c"][0]) for e in events] == [0, 1, 2, 3]
+    assert [int(e.step["c"][0]) for e in events] == [0, 1, 2, 3]
+
+
+def test_selection_and_prefix():
+    def f(x):
+        lox.log({"loss": x, "acc": 2 * x}, tags=["metric"])
+        lox.log({"dbg": 3 * x})
+        return x
+
+    events = []
+    lox.set_default("off")
+    try:
+        lox.tap(f, events.append, tags=["metric"], argnames=["loss"], prefix="train/")(1.0)
+    finally:
+        lox.set_default("console")
+    assert [list(e) for e in events] == [["train/loss"]]
+
+
+def test_vmap_of_tap_delivers_only_the_branch_each_element_took():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -100 * x}), x)[1], x)
+
+    events = []
+    jax.vmap(lox.tap(f, events.append))(jnp.array([-1.0, 2.0, -3.0]))
+    jax.effects_barrier()
+    assert sorted(float(e["v"][0]) for e in events) == [2.0, 100.0, 300.0]
+
+
+def test_tap_of_vmap_of_cond_with_batched_predicate_raises():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -x}), x)[1], x)
+
+    with pytest.raises(ValueError, match=r"'v'.*batched by `jax.vmap`.*tapped"):
+        lox.tap(jax.vmap(f), print)(jnp.array([-1.0, 2.0]))
+
+
+def test_tap_of_vmap_delivers_one_batched_event_per_log():
+    def f(x):
+        lox.log({"x": x}, step=2)
+        return x
+
+    events = []
+    lox.tap(jax.vmap(f), events.append)(jnp.arange(3.0))
+    assert len(events) == 1
+    assert events[0]["x"].shape == (1, 3) and events[0].step["x"].tolist() == [[2, 2, 2]]
+
+
+def test_tap_under_grad_fires_once_per_iteration_with_primal_values():
+    def loss(w):
+        def step(c, x):
+            c = jnp.sin(c * w + x)
+            lox.log({"c": c}, step=x.astype(int))
+            return c, None
+
+        return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
+
+    def by_hand(w):
+        return jax.lax.scan(lambda c, x: (jnp.sin(c * w + x),) * 2, 0.0, jnp.arange(4.0))[1]
+
+    events = []
+    g = jax.grad(lox.tap(loss, events.append))(0.7)
+    jax.effects_barrier()
+    np.testing.assert_allclose(g, jax.grad(lox.nolog(loss))(0.7), rtol=1e-6)
+    assert [int(e.step["c"][0]) for e in events] == [0, 1, 2, 3]
+    np.testing.assert_allclose([float(e["c"][0]) for e in events], by_hand(0.7), rtol=1e-6)
+
+
+def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():
+    events = []
+
+    @jax.jit
+    def outer(x):
+        return lox.tap(lambda x: (lox.log({"x": x}), x * 2)[1], events.append)(x)
+
+    outer(1.0)
+    jax.effects_barrier()
+    assert [float(e["x"][0]) for e in events] == [1.0]
