@@ -14,6 +14,7 @@ Order: handler and series → interpreter → per-primitive rules.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import weakref
 from typing import Any, Callable, Sequence
@@ -75,6 +76,23 @@ def describe(logs: logdict) -> str:
 def signature(logs: logdict):
     leaves, tree = jax.tree_util.tree_flatten(logs)
     return tree, tuple((x.shape[1:], x.dtype) for x in leaves)
+
+
+# --- single events ---------------------------------------------------------------------
+# A collected event gets a leading event axis of 1. A scan body that logs once per
+# iteration returns the value *without* that axis, as hand-written code would; to
+# return the very array that was logged (so that JAX can forward a scanned input
+# instead of storing it), the scan rule remembers what each expansion came from.
+_expansions: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lox_expansions", default=None)
+
+
+def single_event(x):
+    """`x` with a leading event axis of 1, remembered by an enclosing scan rule."""
+    expanded = jnp.expand_dims(x, 0)
+    seen = _expansions.get()
+    if seen is not None:
+        seen[id(expanded)] = (expanded, x)
+    return expanded
 
 
 # --- which equations need the handler --------------------------------------------------
@@ -206,20 +224,48 @@ def scan_rule(handler, eqn, invals, active):
     init = invals[p.num_consts : p.num_consts + p.num_carry]
     xs = invals[p.num_consts + p.num_carry :]
     body_fun = _interpreted(handler, p.jaxpr, active, [])
+    layout: list = []
 
     def body(carry, x):
-        outs, logs = body_fun(*consts, *carry, *x)
-        return outs[: p.num_carry], (outs[p.num_carry :], logs)
+        token = _expansions.set({})
+        try:
+            outs, logs = body_fun(*consts, *carry, *x)
+            originals = _expansions.get()
+        finally:
+            _expansions.reset(token)
+        leaves, tree = jax.tree_util.tree_flatten(logs)
+        # One event per iteration (the common case) leaves the body without its
+        # event axis, exactly like a hand-written `ys`; and an array shared by
+        # several keys (an event's step) leaves once.
+        unique, where = _unique(leaves)
+        squeeze = [leaf.shape[0] == 1 for leaf in unique]
+        layout[:] = [tree, squeeze, where]
+        ys_logs = [originals.get(id(u), (None, u[0]))[1] if sq else u for u, sq in zip(unique, squeeze)]
+        return outs[: p.num_carry], (outs[p.num_carry :], ys_logs)
 
-    carry, (ys, logs) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
+    carry, (ys, unique) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
+    tree, squeeze, where = layout
 
-    def events_in_order(x):
-        # (iterations, events per iteration, ...) → (events, ...) in execution
+    def events_in_order(x, squeezed):
+        # (iterations, [events per iteration,] ...) → (events, ...) in execution
         # order; a reverse scan runs its last iteration first.
         x = jnp.flip(x, 0) if p.reverse else x
-        return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+        return x if squeezed else x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
-    return [*carry, *ys], logs.map_series(events_in_order)
+    unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
+    leaves = [unique[i] for i in where]
+    return [*carry, *ys], jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def _unique(values: list) -> tuple[list, list[int]]:
+    """The distinct objects of `values` and, for each value, its index among them."""
+    unique, index, where = [], {}, []
+    for v in values:
+        if id(v) not in index:
+            index[id(v)] = len(unique)
+            unique.append(v)
+        where.append(index[id(v)])
+    return unique, where
 
 
 rules["scan"] = scan_rule

@@ -102,7 +102,8 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
 def event_logdict(values: dict, steps: dict, expand=lambda x: jnp.expand_dims(x, 0)) -> logdict:
     """One event as a logdict: every array gets a leading event axis of 1."""
     data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
-    per_name = {name: {k: expand(s) for k in values} for name, s in steps.items()}
+    # The keys of one event share one step array (one output, not one per key).
+    per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()}
     return logdict(data, per_name)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from lox_core.interpreter import Handler, Selection
+from lox_core.interpreter import Handler, Selection, single_event
 from lox_core.logdict import REDUCTIONS
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import jitted, trace_and_interpret, wraps
@@ -21,7 +21,7 @@ class SpoolHandler(Handler):
     def on_log(self, site, values, steps, active):
         if site.in_select and values:
             raise ValueError(vmap_of_cond_message(site, "spooled"))
-        return event_logdict(values, steps)
+        return event_logdict(values, steps, expand=single_event)
 
 
 def selection(argnames, tags) -> Selection:

@@ -1,0 +1,162 @@
+"""lox's cost, as ratios against hand-written JAX run side by side in one process.
+
+    python -m benchmarks            # everything (a few minutes on 2 CPU cores)
+    python -m benchmarks steady tap # chosen sections
+
+Every figure is a ratio of medians over interleaved repetitions, so that a noisy
+shared machine slows both sides alike. Nothing here is asserted in the tests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import lox
+from benchmarks import programs
+
+lox.set_default("off")
+
+
+def timed(fn, reps: int) -> float:
+    best = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best.append(time.perf_counter() - t0)
+    return statistics.median(best)
+
+
+def side_by_side(candidates: dict, reps: int, rounds: int = 5) -> dict[str, float]:
+    """Median time of each candidate, rounds interleaved."""
+    times = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            times[name].append(timed(fn, reps))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def block(out):
+    jax.block_until_ready(out)
+
+
+def row(label: str, value: str, ratio: float | None = None, target: str = "") -> None:
+    ratio_text = f"{ratio:6.3f}x" if ratio is not None else ""
+    print(f"  {label:<52} {value:>14} {ratio_text:>9}  {target}")
+
+
+# --- sections ---------------------------------------------------------------------------
+def steady():
+    print("Steady state: 10,000-step scan logging a scalar and a 64-vector per step")
+    xs = jnp.linspace(0.0, 1.0, programs.STEPS)
+    spooled = lox.spool(programs.scan_logged)
+    jitted_spool = jax.jit(lox.spool(programs.scan_logged))
+    by_hand = jax.jit(programs.scan_by_hand)
+    for f in (spooled, jitted_spool, by_hand):
+        block(f(xs))
+    t = side_by_side(
+        {"hand": lambda: block(by_hand(xs)), "spool": lambda: block(spooled(xs)),
+         "jit(spool)": lambda: block(jitted_spool(xs))},
+        reps=20,
+    )
+    row("hand-written (values carried out as ys)", f"{t['hand'] * 1e3:.3f} ms")
+    row("lox.spool(f)", f"{t['spool'] * 1e3:.3f} ms", t["spool"] / t["hand"], "target <= 1.02")
+    row("jax.jit(lox.spool(f))", f"{t['jit(spool)'] * 1e3:.3f} ms", t["jit(spool)"] / t["hand"], "target <= 1.02")
+
+    mem = lambda f: f.lower(xs).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
+    ours, ref = mem(jax.jit(lox.spool(programs.scan_logged))), mem(by_hand)
+    row("compiled temporary memory, spool / hand-written", f"{ours} B / {ref} B", ours / max(ref, 1), "target <= 1")
+
+
+def first_call():
+    print("First call (trace + transform + lower + compile), fresh functions each time")
+    x = jnp.ones(64)
+    for n in (1_000, 5_000):
+        t = side_by_side(
+            {"hand": lambda: block(jax.jit(programs.chain_by_hand(n))(x)),
+             "spool": lambda: block(lox.spool(programs.chain_logged(n))(x))},
+            reps=1, rounds=5,
+        )
+        row(f"{n} equations: hand-written", f"{t['hand'] * 1e3:.1f} ms")
+        row(f"{n} equations: lox.spool", f"{t['spool'] * 1e3:.1f} ms", t["spool"] / t["hand"], "target <= 1.1")
+
+
+def transform():
+    print("Transform cost (trace + rewrite + lower, no XLA compile), fresh functions each time")
+    x = jnp.ones(64)
+    per_eqn = []
+    for n in (1_000, 5_000, 20_000):
+        for name, logged, by_hand in (
+            ("top-level logs", programs.chain_logged, programs.chain_by_hand),
+            ("logs in a scan body", programs.scanned_chain_logged, programs.scanned_chain_by_hand),
+        ):
+            t = side_by_side(
+                {"hand": lambda: jax.jit(by_hand(n)).lower(x),
+                 "spool": lambda: lox.spool(logged(n)).lower(x)},
+                reps=1, rounds=5 if n < 20_000 else 3,
+            )
+            row(f"{n} eqns, {name}: hand-written", f"{t['hand'] * 1e3:.1f} ms")
+            row(f"{n} eqns, {name}: lox.spool", f"{t['spool'] * 1e3:.1f} ms", t["spool"] / t["hand"], "target <= 1.2")
+            if name == "top-level logs":
+                per_eqn.append((n, t["spool"] / n))
+    for n, s in per_eqn:
+        row(f"lox.spool per equation at {n} eqns", f"{s * 1e6:.1f} us", None, "linear: flat across sizes")
+
+
+def compile_growth():
+    print("Compile time on CPU with logged intermediates (a chain of n/2 sin, logged every 10 ops)")
+    x = jnp.ones(64)
+    for n in (500, 1_000, 2_000):
+        hand = jax.jit(programs.chain_by_hand(n)).lower(x)
+        ours = lox.spool(programs.chain_logged(n)).lower(x)
+        t0 = time.perf_counter()
+        hc = hand.compile()
+        th = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        oc = ours.compile()
+        to = time.perf_counter() - t0
+        row(f"n={n}: hand-written compile / sin ops in HLO", f"{th * 1e3:.0f} ms / {programs.count_sines(hc)}")
+        row(f"n={n}: lox.spool compile / sin ops in HLO", f"{to * 1e3:.0f} ms / {programs.count_sines(oc)}", to / th)
+
+
+def tap():
+    print("Tap: per-event cost against a hand-written jax.debug.callback (1,000-step scan)")
+    xs = jnp.arange(1_000.0)
+    sink = []
+    tapped = lox.tap(programs.scan_one_scalar, lambda e: sink.append(1))
+    by_hand = jax.jit(programs.scan_debug_callback(lambda v, s: sink.append(1)))
+    plain = jax.jit(lox.nolog(programs.scan_one_scalar))
+
+    def run(f):
+        block(f(xs))
+        jax.effects_barrier()
+
+    for f in (tapped, by_hand, plain):
+        run(f)
+    t = side_by_side({"hand": lambda: run(by_hand), "tap": lambda: run(tapped), "none": lambda: run(plain)}, reps=3)
+    per = lambda k: (t[k] - t["none"]) / xs.shape[0]  # noqa: E731
+    row("no logging", f"{t['none'] * 1e3:.2f} ms")
+    row("hand-written jax.debug.callback, per event", f"{per('hand') * 1e6:.1f} us")
+    row("lox.tap, per event", f"{per('tap') * 1e6:.1f} us", per("tap") / per("hand"), "target <= 1")
+
+
+SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "tap": tap}
+
+
+def main(argv: list[str]) -> None:
+    chosen = argv or list(SECTIONS)
+    unknown = [c for c in chosen if c not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
+    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; ratio = lox / hand-written (lower is better)")
+    for name in chosen:
+        SECTIONS[name]()
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

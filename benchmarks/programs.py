@@ -1,0 +1,102 @@
+"""The programs benchmarked, each with the hand-written equivalent lox is held to:
+the same computation carrying the same values out as ordinary outputs."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+
+import lox
+
+STEPS = 10_000
+
+
+def _step(carry, x):
+    c, v = carry
+    v = jnp.tanh(v * 0.99 + x)
+    c = c * 0.9 + jnp.mean(v)
+    return (c, v), c
+
+
+def scan_logged(xs):
+    def body(carry, ix):
+        i, x = ix
+        carry, loss = _step(carry, x)
+        lox.log({"loss": loss, "h": carry[1]}, step=i)
+        return carry, None
+
+    return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(xs.shape[0]), xs))[0]
+
+
+def scan_by_hand(xs):
+    def body(carry, ix):
+        i, x = ix
+        carry, loss = _step(carry, x)
+        return carry, (loss, carry[1], i)
+
+    return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(xs.shape[0]), xs))
+
+
+def _chain(x, n, emit):
+    for i in range(n // 2):  # n equations: sin and mul
+        x = jnp.sin(x) * 1.0001
+        if i % 5 == 4:  # every 10 equations
+            emit(x)
+    return x
+
+
+def chain_logged(n):
+    def f(x):
+        return _chain(x, n, lambda v: lox.log({"x": v}))
+
+    return f
+
+
+def chain_by_hand(n):
+    def f(x):
+        outs = []
+        x = _chain(x, n, outs.append)
+        return x, jnp.stack(outs)
+
+    return f
+
+
+def scanned_chain_logged(n):
+    def f(x):
+        return jax.lax.scan(lambda c, _: (chain_logged(n)(c), None), x, None, length=4)[0]
+
+    return f
+
+
+def scanned_chain_by_hand(n):
+    def f(x):
+        return jax.lax.scan(lambda c, _: chain_by_hand(n)(c), x, None, length=4)
+
+    return f
+
+
+def scan_one_scalar(xs):
+    def body(c, ix):
+        i, x = ix
+        c = c * 0.9 + x
+        lox.log({"c": c}, step=i)
+        return c, None
+
+    return jax.lax.scan(body, 0.0, (jnp.arange(xs.shape[0]), xs))[0]
+
+
+def scan_debug_callback(callback):
+    def f(xs):
+        def body(c, ix):
+            i, x = ix
+            c = c * 0.9 + x
+            jax.debug.callback(callback, c, i, ordered=True)
+            return c, None
+
+        return jax.lax.scan(body, 0.0, (jnp.arange(xs.shape[0]), xs))[0]
+
+    return f
+
+
+def count_sines(compiled) -> int:
+    return len(re.findall(r" sine\(", compiled.as_text()))

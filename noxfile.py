@@ -1,0 +1,36 @@
+"""Test lox on the newest JAX and the two minor releases before it.
+
+    nox -s tests            # every JAX release below
+    nox -s "tests(jax='0.10')"
+    nox -s quickstart       # the README's main example
+    nox -s benchmarks       # the ratios of benchmarks/, printed side by side
+"""
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests", "quickstart"]
+
+# The newest JAX minor release first; each resolves to its newest patch release.
+JAX_RELEASES = ["0.10", "0.9", "0.8"]
+
+
+@nox.session
+@nox.parametrize("jax", JAX_RELEASES)
+def tests(session, jax):
+    session.install("-e", ".[test]", f"jax~={jax}.0", f"jaxlib~={jax}.0")
+    session.run("python", "-c", "import jax; print('JAX', jax.__version__)")
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+def quickstart(session):
+    session.install("-e", ".")
+    session.run("python", "examples/quickstart.py")
+
+
+@nox.session
+def benchmarks(session):
+    session.install("-e", ".")
+    session.run("python", "-m", "benchmarks", *session.posargs)
