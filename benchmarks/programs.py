@@ -37,28 +37,60 @@ def scan_by_hand(xs):
     return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(xs.shape[0]), xs))
 
 
-def _chain(x, n, emit):
-    for i in range(n // 2):  # n equations: sin and mul
+W = jnp.eye(64) * 0.5 + 0.01
+
+
+def _layers(x, n, emit):
+    """n equations in blocks of 10 (a matmul and 9 elementwise ops), logging
+    each matmul's output, like the activations of a deep network."""
+    for _ in range(n // 10):
+        x = W @ x
+        emit(x)
+        for _ in range(4):
+            x = jnp.sin(x) * 1.0001
+        x = x + 1.0
+    return x
+
+
+def _sin_chain(x, n, emit):
+    """n equations of elementwise ops only, logged every 10: XLA's worst case."""
+    for i in range(n // 2):
         x = jnp.sin(x) * 1.0001
-        if i % 5 == 4:  # every 10 equations
+        if i % 5 == 4:
             emit(x)
     return x
 
 
-def chain_logged(n):
+def _logged(body, n):
     def f(x):
-        return _chain(x, n, lambda v: lox.log({"x": v}))
+        return body(x, n, lambda v: lox.log({"x": v}))
 
     return f
 
 
-def chain_by_hand(n):
+def _by_hand(body, n):
     def f(x):
         outs = []
-        x = _chain(x, n, outs.append)
+        x = body(x, n, outs.append)
         return x, jnp.stack(outs)
 
     return f
+
+
+def chain_logged(n):
+    return _logged(_layers, n)
+
+
+def chain_by_hand(n):
+    return _by_hand(_layers, n)
+
+
+def sin_chain_logged(n):
+    return _logged(_sin_chain, n)
+
+
+def sin_chain_by_hand(n):
+    return _by_hand(_sin_chain, n)
 
 
 def scanned_chain_logged(n):

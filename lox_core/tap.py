@@ -10,7 +10,7 @@ import numpy as np
 from lox_core import console
 from lox_core.interpreter import Handler
 from lox_core.logdict import logdict
-from lox_core.primitive import event_logdict, vmap_of_cond_message
+from lox_core.primitive import vmap_of_cond_message
 from lox_core.spool import selection
 from lox_core.transform import jitted, trace_and_interpret, wraps
 
@@ -38,15 +38,23 @@ class TapHandler(Handler):
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
         flat, tree = jax.tree_util.tree_flatten(([values[k] for k in keys], [steps[n] for n in names]))
+        callback, prefix = self.callback, self.prefix
 
-        def deliver(taken, *leaves):
-            if not np.all(taken):  # an untaken cond branch under vmap
-                return
-            vals, stps = jax.tree_util.tree_unflatten(tree, leaves)
-            event = event_logdict(dict(zip(keys, vals)), dict(zip(names, stps)), expand=lambda x: np.asarray(x)[None])
-            self.callback(event.prefix(self.prefix) if self.prefix else event)
+        def deliver(*leaves):
+            vals, stps = jax.tree_util.tree_unflatten(tree, [np.asarray(x)[None] for x in leaves])
+            data = {prefix + k: v for k, v in zip(keys, vals)}
+            callback(logdict(data, {n: dict.fromkeys(data, s) for n, s in zip(names, stps)}))
 
-        jax.debug.callback(deliver, True if active is None else active, *flat, ordered=True)
+        if active is None:
+            jax.debug.callback(deliver, *flat, ordered=True)
+        else:
+            # Inside a cond branch that vmap may run for every element: only the
+            # elements that took the branch deliver (one call per element under vmap).
+            def deliver_if_taken(taken, *leaves):
+                if np.all(taken):
+                    deliver(*leaves)
+
+            jax.debug.callback(deliver_if_taken, active, *flat, ordered=True)
         return []
 
 
