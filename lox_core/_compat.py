@@ -45,10 +45,6 @@ for _set in (
     _set.add_type(LogEffect)
 
 
-def has_log_effect(effs) -> bool:
-    return log_effect in effs
-
-
 # --- Walking and re-emitting equations -------------------------------------------
 def subjaxprs_of(eqn) -> list[Jaxpr]:
     """The jaxprs in an equation's params (bodies, branches, rules)."""

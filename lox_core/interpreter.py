@@ -9,7 +9,7 @@ primitives that contain selected logs are rebuilt through JAX's public calls
 `jax.custom_vjp`) with bodies that are themselves interpreted. lox never edits
 an equation or binds a control-flow primitive with internal parameters.
 
-Order: handler and series → interpreter → per-primitive rules.
+Order: handler → interpreter → per-primitive rules.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,7 @@ class Handler:
     collects = False  # whether events become outputs (spool) or not (tap, nolog)
     guards_branches = False  # whether events need to know that their cond branch was taken
     keep_logs = False  # whether selected events stay visible to outer transforms
+    defers_logs = False  # whether on_log emits nothing, so it may run after later equations
     name = "lox"
 
     def on_log(self, site: Site, values: dict, steps: dict, active) -> logdict | None:
@@ -88,7 +89,7 @@ _expansions: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lox_e
 
 def single_event(x):
     """`x` with a leading event axis of 1, remembered by an enclosing scan rule."""
-    expanded = jnp.expand_dims(x, 0)
+    expanded = jax.lax.expand_dims(x, (0,))
     seen = _expansions.get()
     if seen is not None:
         seen[id(expanded)] = (expanded, x)
@@ -130,8 +131,9 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
     """Evaluate `jaxpr` on the current trace, handing selected logs to `handler`.
 
     Returns the jaxpr's outputs and the logs the handler collected, each key's
-    events in program order. `active` is a boolean scalar that is false where the enclosing `cond`
-    branch was not taken (only under vmap, see `cond_rule`), or None.
+    events in program order. `active` is a boolean scalar that is false where
+    the enclosing `cond` branch was not taken (only under vmap, see
+    `cond_rule`), or None.
     """
     env: dict = {}
 
@@ -148,14 +150,29 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         write(v, x)
 
     collected: list[logdict] = []
-    pending: list = []
-    for eqn in jaxpr.eqns:
-        if not _selected_sites(handler, eqn):
-            pending.append(eqn)
-            continue
+    pending: list = []  # equations with nothing to handle, inlined as one run
+    deferred: list = []  # logs wholly consumed by the handler, after that run
+
+    def flush():
         if pending:
             _compat.inline_equations(pending, read, write)
-            pending = []
+            pending.clear()
+        for eqn in deferred:
+            collected.append(handler.on_log(*_taken(handler, eqn, [read(v) for v in eqn.invars]), active))
+        deferred.clear()
+
+    for eqn in jaxpr.eqns:
+        selected = _selected_sites(handler, eqn)
+        if not selected:
+            pending.append(eqn)
+            continue
+        if eqn.primitive is log_p and handler.defers_logs and not handler.keep_logs and (
+            handler.selection.keys(selected[0]) == selected[0].keys
+        ):
+            # Nothing is emitted for it, so it need not break the run of equations.
+            deferred.append(eqn)
+            continue
+        flush()
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive is log_p:
             outs, new = log_rule(handler, site_of(eqn.params), invals, active)
@@ -168,18 +185,22 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
                     f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox issue tracker."
                 )
             outs, new = rule(handler, eqn, invals, active)
-        if new:
-            collected.append(new)
+        collected.append(new)
         for v, x in zip(eqn.outvars, outs):
             write(v, x)
-    if pending:
-        _compat.inline_equations(pending, read, write)
-    return [read(v) for v in jaxpr.outvars], concat(collected)
+    flush()
+    return [read(v) for v in jaxpr.outvars], concat([c for c in collected if c])
 
 
 def _keys_text(sites) -> str:
     keys = dict.fromkeys(k for s in sites for k in s.keys)
     return "keys " + ", ".join(map(repr, keys))
+
+
+def _taken(handler: Handler, eqn, operands: list) -> tuple[Site, dict, dict]:
+    site = site_of(eqn.params)
+    values, steps = site.split(operands)
+    return site, {k: values[k] for k in handler.selection.keys(site)}, steps
 
 
 def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list, logdict | None]:

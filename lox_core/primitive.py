@@ -99,7 +99,11 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
     return event_logdict(values, dict(zip(steps, step_values)))
 
 
-def event_logdict(values: dict, steps: dict, expand=lambda x: jnp.expand_dims(x, 0)) -> logdict:
+def _add_event_axis(x):
+    return jax.lax.expand_dims(x, (0,))  # one primitive, not a traced jnp function
+
+
+def event_logdict(values: dict, steps: dict, expand=_add_event_axis) -> logdict:
     """One event as a logdict: every array gets a leading event axis of 1."""
     data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
     # The keys of one event share one step array (one output, not one per key).

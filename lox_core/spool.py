@@ -12,6 +12,7 @@ from lox_core.transform import jitted, trace_and_interpret, wraps
 
 class SpoolHandler(Handler):
     collects = True
+    defers_logs = True
     name = "lox.spool"
 
     def __init__(self, selection: Selection, keep_logs: bool):

@@ -60,11 +60,18 @@ def _hashable(x):
 def wraps(fun: Callable, call: Callable, compiled) -> Callable:
     """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`."""
 
+    # `compiled` holds `fun` only weakly (see `jitted`); these closures hold it.
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):
         return call(*args, **kwargs)
 
-    wrapper.lower = compiled.lower
-    wrapper.trace = compiled.trace
-    wrapper.__wrapped_fun__ = fun
+    def lower(*args, **kwargs):
+        assert fun is not None
+        return compiled.lower(*args, **kwargs)
+
+    def trace(*args, **kwargs):
+        assert fun is not None
+        return compiled.trace(*args, **kwargs)
+
+    wrapper.lower, wrapper.trace = lower, trace
     return wrapper

@@ -282,6 +282,29 @@ def test_spool_traces_once_per_signature_even_with_a_fresh_wrapper():
     assert len(traces) == 3
 
 
+def test_lower_and_trace_keep_a_temporary_function_alive():
+    import gc
+
+    def make():
+        def f(x):
+            lox.log({"x": x})
+            return x
+
+        return f
+
+    lowered = lox.spool(make()).lower(jnp.ones(3))
+    gc.collect()
+    traced = lox.spool(make()).trace(jnp.ones(3))
+    gc.collect()
+    assert lowered.compile()(jnp.ones(3))[1]["x"].shape == (1, 3)
+    assert traced.jaxpr is not None
+
+
+def test_a_function_without_logs_gives_empty_logs():
+    out, logs = lox.spool(lambda x: x * 2)(3.0)
+    assert float(out) == 6.0 and isinstance(logs, lox.logdict) and dict(logs) == {}
+
+
 def test_static_argnums_and_argnames():
     def f(x, n, *, scale):
         for i in range(n):
