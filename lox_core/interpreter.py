@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from lox_core import _compat
 from lox_core.logdict import concat, logdict
-from lox_core.primitive import Site, log_p, site_of
+from lox_core.primitive import Site, event_outputs, log_p, site_of
 
 
 # --- handler -------------------------------------------------------------------------
@@ -148,6 +148,10 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         write(v, x)
     for v, x in zip(jaxpr.invars, args):
         write(v, x)
+    # The events `lox.log` returns are outputs of its equation; most programs
+    # ignore them, and then nothing is emitted for them.
+    used = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, _compat.Literal)}
+    used.update(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
 
     collected: list[logdict] = []
     pending: list = []  # equations with nothing to handle, inlined as one run
@@ -166,7 +170,8 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         if not selected:
             pending.append(eqn)
             continue
-        if eqn.primitive is log_p and handler.defers_logs and not handler.keep_logs and (
+        returned_event_used = any(v in used for v in eqn.outvars)
+        if eqn.primitive is log_p and handler.defers_logs and not handler.keep_logs and not returned_event_used and (
             handler.selection.keys(selected[0]) == selected[0].keys
         ):
             # Nothing is emitted for it, so it need not break the run of equations.
@@ -176,6 +181,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive is log_p:
             outs, new = log_rule(handler, site_of(eqn.params), invals, active)
+            outs = event_outputs(invals) if returned_event_used else []
         else:
             rule = rules.get(eqn.primitive.name)
             if rule is None:
@@ -204,6 +210,7 @@ def _taken(handler: Handler, eqn, operands: list) -> tuple[Site, dict, dict]:
 
 
 def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list, logdict | None]:
+    """Hand the selected part of an event to the handler; rebind the rest."""
     taken = handler.selection.keys(site)
     values, steps = site.split(operands)
     collected = handler.on_log(site, {k: values[k] for k in taken}, steps, active)

@@ -1,8 +1,9 @@
 """The `lox_log` primitive and `lox.log`, the call that binds it.
 
-A log is a primitive with no outputs and one effect. Transforms (`spool`, `tap`,
-`nolog`) find it in the jaxpr and decide what it becomes; left alone it prints
-the event through a host callback, like `jax.debug.print`.
+A log is a primitive with one effect whose outputs are the event itself (each
+operand with a leading event axis of 1), which `lox.log` returns. Transforms
+(`spool`, `tap`, `nolog`) find it in the jaxpr and decide what it becomes; left
+alone it prints the event through a host callback, like `jax.debug.print`.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
         keys=tuple(values), trees=tuple(trees), step_names=tuple(steps), tags=tags,
         explicit=bool(explicit), batch_ndim=0, in_select=False,
     )
-    log_p.bind(*flat, *step_values, **site._asdict())
-    return event_logdict(values, dict(zip(steps, step_values)))
+    outs = log_p.bind(*flat, *step_values, **site._asdict())
+    values, step_events = site.split(outs)
+    return event_logdict(values, step_events, expand=lambda x: x)
 
 
 def _add_event_axis(x):
@@ -162,7 +164,12 @@ def _check_step(name: str, value):
 # --- rules -------------------------------------------------------------------------
 @log_p.def_effectful_abstract_eval
 def _abstract_eval(*avals, **params):
-    return [], {_compat.log_effect}
+    return [a.update(shape=(1, *a.shape)) for a in avals], {_compat.log_effect}
+
+
+def event_outputs(operands) -> list:
+    """The primitive's outputs: every operand with a leading event axis of 1."""
+    return [_add_event_axis(x) for x in operands]
 
 
 @log_p.def_impl
@@ -171,7 +178,7 @@ def _impl(*operands, **params):
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
     console.default_output(site, operands)
-    return []
+    return event_outputs(operands)
 
 
 def _lowering(*operands, **params):
@@ -180,15 +187,17 @@ def _lowering(*operands, **params):
         raise ValueError(vmap_of_cond_message(site, "printed"))
     if console.default_enabled():
         jax.debug.callback(lambda *ops: console.default_output(site, ops), *operands)
-    return []
+    return event_outputs(operands)
 
 
 mlir.register_lowering(log_p, mlir.lower_fun(_lowering, multiple_results=True))
 
 
 def _jvp(primals, tangents, **params):
-    # Logs carry primal values; they have no tangent.
-    return log_p.bind(*primals, **params), []
+    # The event is logged with primal values; the returned event's tangent is
+    # the tangent with an event axis (computed without logging it again).
+    tangents = [_add_event_axis(ad.instantiate_zeros(t)) for t in tangents]
+    return log_p.bind(*primals, **params), tangents
 
 
 ad.primitive_jvps[log_p] = _jvp
@@ -204,7 +213,8 @@ def _batch(args, dims, **params):
     ]
     params = dict(params, batch_ndim=params["batch_ndim"] + 1)
     params["in_select"] = params["in_select"] or _compat.batching_cond_into_select()
-    return log_p.bind(*args, **params), []
+    outs = log_p.bind(*args, **params)
+    return outs, [1] * len(outs)  # (event, batch, ...)
 
 
 batching.primitive_batchers[log_p] = _batch

@@ -89,3 +89,21 @@ def test_default_output_refuses_vmap_of_cond_instead_of_printing_twice():
 
     with pytest.raises(ValueError, match=r"'v'.*batched by `jax.vmap`.*printed"):
         jax.jit(jax.vmap(f))(jnp.array([-1.0, 1.0]))
+
+
+def test_the_returned_event_can_be_used_under_every_transform():
+    lox.set_default("off")
+    try:
+        def f(x):
+            event = lox.log({"x": x * 2}, step=5)
+            return event["x"][0] + event.step["x"][0]
+
+        assert float(jax.jit(f)(1.0)) == 7.0
+        assert float(jax.grad(f)(1.0)) == 2.0
+        np.testing.assert_allclose(jax.vmap(f)(jnp.arange(3.0)), [5.0, 7.0, 9.0])
+        out, logs = lox.spool(f)(1.0)
+        assert float(out) == 7.0 and logs["x"].tolist() == [2.0]
+        assert jax.vmap(lambda x: lox.log({"x": x})["x"])(jnp.arange(3.0)).shape == (3, 1)
+        assert float(lox.nolog(f)(1.0)) == 7.0
+    finally:
+        lox.set_default("console")
