@@ -404,14 +404,22 @@ for _name in _compat.REMAT_NAMES:
 # program for an enclosing transform or the default output. (Under
 # `spool(jax.grad(f))` JAX has replaced the function by its rule before lox sees
 # it, so there the rule's logs are collected like any others.)
-def custom_jvp_rule(handler, eqn, invals, active):
+def _primal_and_original(handler, eqn, active) -> tuple[Callable, Callable, list]:
+    """A custom_jvp/vjp equation's primal function, interpreted (its logs land
+    in the returned record), and the equation itself as a function."""
     p = _compat.custom_call_params(eqn.params)
     record: list = []
     primal = _interpreted(handler, p.call_jaxpr, active, record)
-    fun = jax.custom_jvp(primal)
 
     def original(*args):
         return _compat.bind_equation(eqn, list(args))
+
+    return primal, original, record
+
+
+def custom_jvp_rule(handler, eqn, invals, active):
+    primal, original, _ = _primal_and_original(handler, eqn, active)
+    fun = jax.custom_jvp(primal)
 
     @fun.defjvp
     def fun_jvp(primals, tangents):
@@ -427,13 +435,8 @@ for _name in _compat.CUSTOM_JVP_NAMES:
 
 
 def custom_vjp_rule(handler, eqn, invals, active):
-    p = _compat.custom_call_params(eqn.params)
-    record: list = []
-    primal = _interpreted(handler, p.call_jaxpr, active, record)
+    primal, original, record = _primal_and_original(handler, eqn, active)
     fun = jax.custom_vjp(primal)
-
-    def original(*args):
-        return _compat.bind_equation(eqn, list(args))
 
     def fwd(*args):
         _, logs = primal(*args)
