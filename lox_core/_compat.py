@@ -15,6 +15,7 @@ from jax._src import core
 from jax._src import effects
 from jax._src import linear_util
 from jax._src import source_info_util
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
 
@@ -58,7 +59,7 @@ def current_trace():
 def bind_equation(eqn, invals: list) -> list:
     """Re-emit an unchanged equation on the current trace, as `eval_jaxpr` does."""
     got = eqn.primitive.get_bind_params(eqn.params)
-    # JAX <= 0.9 returns (subfuns, params); 0.10 returns params holding the subfuns.
+    # JAX 0.8 returns (subfuns, params); later releases return params holding the subfuns.
     subfuns, params = got if isinstance(got, tuple) else ((), got)
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
         with eqn.ctx.manager:
@@ -165,10 +166,23 @@ def custom_call_params(params) -> CustomCallParams:
 
 # Primitive names differ between releases (`pjit` became `jit`, `remat2` is
 # `checkpoint` in the public API); these are all the spellings lox handles.
-JIT_NAMES = frozenset({"jit", "pjit", "closed_call", "core_call"})
+JIT_NAMES = frozenset({"jit", "pjit", "closed_call"})
 REMAT_NAMES = frozenset({"remat2", "checkpoint", "remat"})
 CUSTOM_JVP_NAMES = frozenset({"custom_jvp_call"})
-CUSTOM_VJP_NAMES = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+CUSTOM_VJP_NAMES = frozenset({"custom_vjp_call"})
+
+
+# --- batching ---------------------------------------------------------------------
+def register_batching_rule(primitive, rule) -> None:
+    """`rule(axis_size, args, dims, **params)`, called under vmap even when no
+    operand is batched (a log of a constant still gets the batch axis, and still
+    learns whether it sits in a cond that vmap turned into a select). The
+    compatibility table `batching.primitive_batchers` would skip it then."""
+
+    def fancy(axis_data, args, dims, **params):
+        return rule(axis_data.size, args, dims, **params)
+
+    _batching.fancy_primitive_batchers[primitive] = fancy
 
 
 # --- vmap of cond -----------------------------------------------------------------

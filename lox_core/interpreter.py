@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lox_core import _compat
 from lox_core.logdict import concat, logdict
@@ -70,13 +71,23 @@ def describe(logs: logdict) -> str:
     for key, value in logs.items():
         shapes = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape[1:])}", value)
         names = logs.step_names(key)
-        parts.append(f"{key!r}: {shapes}" + (f" with steps {', '.join(names)}" if names else ""))
+        events = jax.tree_util.tree_leaves(value)[0].shape[0] if jax.tree_util.tree_leaves(value) else 0
+        count = "" if events == 1 else f" ({events} events)"
+        parts.append(f"{key!r}: {shapes}{count}" + (f" with steps {', '.join(names)}" if names else ""))
     return "; ".join(parts)
 
 
 def signature(logs: logdict):
     leaves, tree = jax.tree_util.tree_flatten(logs)
-    return tree, tuple((x.shape[1:], x.dtype) for x in leaves)
+    return tree, tuple((x.shape, x.dtype) for x in leaves)
+
+
+def canonical(logs: logdict) -> logdict:
+    """The same logs with keys and step names sorted, so that branches that log
+    the same things in another order produce the same pytree."""
+    keys = sorted(logs)
+    steps = {n: {k: logs.steps[n][k] for k in keys if k in logs.steps[n]} for n in sorted(logs.steps)}
+    return logdict({k: logs[k] for k in keys}, steps)
 
 
 # --- single events ---------------------------------------------------------------------
@@ -313,7 +324,8 @@ def cond_rule(handler, eqn, invals, active):
             if handler.guards_branches:
                 here = index == i
                 guard = here if active is None else jnp.logical_and(active, here)
-            return _interpreted(handler, closed, guard, records[i])(*ops)
+            outs, logs = _interpreted(handler, closed, guard, records[i])(*ops)
+            return outs, canonical(logs)
 
         return fun
 
@@ -330,14 +342,16 @@ rules["cond"] = cond_rule
 
 
 def _check_branches_log_alike(records) -> None:
-    first = records[0][0]
+    if not records[0]:  # the first branch itself failed to trace: not about logs
+        return
+    first = canonical(records[0][0])
     for i, rec in enumerate(records[1:], start=1):
-        if not rec or signature(rec[0]) == signature(first):
+        if not rec or signature(canonical(rec[0])) == signature(first):
             continue
-        other = rec[0]
+        other = canonical(rec[0])
+        one = lambda logs, k: logs.filter(lambda key, _: key == k)  # noqa: E731
         differing = [k for k in {**first, **other} if k not in first or k not in other] or [
-            k for k in first if describe(first.filter(lambda key, _: key == k))
-            != describe(other.filter(lambda key, _: key == k))
+            k for k in first if signature(one(first, k)) != signature(one(other, k))
         ]
         raise ValueError(
             f"the branches of a `jax.lax.cond`/`switch` log differently (keys {', '.join(map(repr, differing))}): "
@@ -404,28 +418,34 @@ for _name in _compat.REMAT_NAMES:
 # program for an enclosing transform or the default output. (Under
 # `spool(jax.grad(f))` JAX has replaced the function by its rule before lox sees
 # it, so there the rule's logs are collected like any others.)
-def _primal_and_original(handler, eqn, active) -> tuple[Callable, Callable, list]:
-    """A custom_jvp/vjp equation's primal function, interpreted (its logs land
-    in the returned record), and the equation itself as a function."""
+def _primal_and_original(handler, eqn, active) -> tuple[Callable, Callable]:
+    """A custom_jvp/vjp equation's primal function, interpreted, and the
+    equation itself as a function."""
     p = _compat.custom_call_params(eqn.params)
-    record: list = []
-    primal = _interpreted(handler, p.call_jaxpr, active, record)
+    primal = _interpreted(handler, p.call_jaxpr, active, [])
 
     def original(*args):
         return _compat.bind_equation(eqn, list(args))
 
-    return primal, original, record
+    return primal, original
+
+
+def _zero_tangent(x):
+    # Integer outputs (steps, integer values) take float0 tangents.
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 def custom_jvp_rule(handler, eqn, invals, active):
-    primal, original, _ = _primal_and_original(handler, eqn, active)
+    primal, original = _primal_and_original(handler, eqn, active)
     fun = jax.custom_jvp(primal)
 
     @fun.defjvp
     def fun_jvp(primals, tangents):
         outs, logs = primal(*primals)
-        _, out_tangents = without_keys(lambda p, t: jax.jvp(original, p, t), frozenset(logs), primals, tangents)
-        return (outs, logs), (list(out_tangents), jax.tree_util.tree_map(jnp.zeros_like, logs))
+        _, out_tangents = without_logs(handler, eqn, lambda p, t: jax.jvp(original, p, t), primals, tangents)
+        return (outs, logs), (list(out_tangents), jax.tree_util.tree_map(_zero_tangent, logs))
 
     return fun(*invals)
 
@@ -435,17 +455,17 @@ for _name in _compat.CUSTOM_JVP_NAMES:
 
 
 def custom_vjp_rule(handler, eqn, invals, active):
-    primal, original, record = _primal_and_original(handler, eqn, active)
+    primal, original = _primal_and_original(handler, eqn, active)
     fun = jax.custom_vjp(primal)
 
     def fwd(*args):
         _, logs = primal(*args)
-        outs, pullback = without_keys(lambda *a: jax.vjp(original, *a), frozenset(logs), *args)
+        outs, pullback = without_logs(handler, eqn, lambda *a: jax.vjp(original, *a), *args)
         return (outs, logs), pullback
 
     def bwd(pullback, cotangents):
         out_cts, _ = cotangents
-        return tuple(without_keys(pullback, frozenset(record[0]), list(out_cts)))
+        return tuple(without_logs(handler, eqn, pullback, list(out_cts)))
 
     fun.defvjp(fwd, bwd)
     return fun(*invals)
@@ -467,9 +487,16 @@ class DropAll(Handler):
         return None
 
 
-def without_keys(fun: Callable, keys: frozenset[str], *args):
-    """Call `fun` with its logs of `keys` removed."""
+def without_logs(handler: Handler, eqn, fun: Callable, *args):
+    """Call a custom derivative rule `fun` without the logs of the primal
+    function (which the rebuilt primal emitted already); `lox.nolog` removes
+    the rule's other logs too."""
+    if isinstance(handler, DropAll):
+        dropped = Selection()
+    else:
+        primal_keys = {k for s in sites_in(_compat.custom_call_params(eqn.params).call_jaxpr) for k in s.keys}
+        dropped = Selection(argnames=frozenset(primal_keys))
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
-    outs, _ = interpret(DropAll(Selection(argnames=keys)), closed.jaxpr, closed.consts,
+    outs, _ = interpret(DropAll(dropped), closed.jaxpr, closed.consts,
                         jax.tree_util.tree_leaves(args))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)

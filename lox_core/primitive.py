@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from lox_core import _compat, console
 from lox_core.logdict import logdict
@@ -203,10 +203,9 @@ def _jvp(primals, tangents, **params):
 ad.primitive_jvps[log_p] = _jvp
 
 
-def _batch(args, dims, **params):
+def _batch(size, args, dims, **params):
     # Every operand gets the batch axis in front, so that a spooled series is
     # (events, *batch, *value_shape) and every step is (events, *batch).
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     args = [
         jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is None else jnp.moveaxis(x, d, 0)
         for x, d in zip(args, dims)
@@ -217,7 +216,7 @@ def _batch(args, dims, **params):
     return outs, [1] * len(outs)  # (event, batch, ...)
 
 
-batching.primitive_batchers[log_p] = _batch
+_compat.register_batching_rule(log_p, _batch)
 
 
 def vmap_of_cond_message(site: Site, what: str) -> str:

@@ -30,7 +30,11 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), logs
 
 
-_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# id(fun) → (weak reference to fun, {config: jitted}). Keyed by identity, not
+# equality: two distinct callables that compare equal must not share an entry
+# that holds only one of them.
+_cache: dict[int, tuple[weakref.ref, dict]] = {}
+_PER_FUNCTION = 32  # configurations kept per function (e.g. tap with a new lambda each call)
 
 
 def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=()):
@@ -41,13 +45,20 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
     weakly, so it does not keep functions (and what they close over) alive.
     """
     key = (config, _hashable(static_argnums), _hashable(static_argnames))
+    make = lambda get_fun: jax.jit(make_impl(get_fun), static_argnums=static_argnums, static_argnames=static_argnames)  # noqa: E731
     try:
-        ref = weakref.WeakMethod(fun) if hasattr(fun, "__self__") and hasattr(fun, "__func__") else weakref.ref(fun)
-        per_fun = _cache.setdefault(fun, {})
-    except TypeError:  # not weak-referenceable or not hashable: no sharing
-        return jax.jit(make_impl(lambda: fun), static_argnums=static_argnums, static_argnames=static_argnames)
+        hash(key)
+        ref = weakref.ref(fun, lambda _, i=id(fun): _cache.pop(i, None))
+    except TypeError:  # not weak-referenceable, or an unhashable option: no sharing
+        return make(lambda: fun)
+    entry = _cache.get(id(fun))
+    if entry is None or entry[0]() is not fun:
+        entry = _cache[id(fun)] = (ref, {})
+    per_fun = entry[1]
     if key not in per_fun:
-        per_fun[key] = jax.jit(make_impl(ref), static_argnums=static_argnums, static_argnames=static_argnames)
+        if len(per_fun) >= _PER_FUNCTION:
+            per_fun.pop(next(iter(per_fun)))
+        per_fun[key] = make(entry[0])
     return per_fun[key]
 
 

@@ -644,3 +644,107 @@ class lox_default_off:
 
     def __exit__(self, *exc):
         lox.set_default("console")
+
+
+# --- regressions found in review ------------------------------------------------------------
+def test_custom_jvp_with_integer_logs_under_grad():
+    @jax.custom_jvp
+    def f(x):
+        lox.log({"x": x, "n": 3}, step=1)
+        return x * 2
+
+    f.defjvp(lambda p, t: (f(p[0]), 2 * t[0]))
+    g, logs = jax.grad(lambda x: lox.spool(f)(x), has_aux=True)(1.0)
+    assert float(g) == 2.0 and logs["n"].tolist() == [3] and logs.step["x"].tolist() == [1]
+
+
+def test_rules_that_call_the_primal_do_not_repeat_its_events(capsys):
+    events = []
+    g = jax.grad(lox.tap(soft, events.append))(1.0)
+    jax.effects_barrier()
+    assert float(g) == 2.0 and [list(e) for e in events] == [["soft_in"]]
+    assert float(jax.grad(lox.nolog(soft))(1.0)) == 2.0
+    jax.effects_barrier()
+    assert capsys.readouterr().out == ""  # nolog: nothing reached the console default
+    text = jax.jit(jax.grad(lox.nolog(soft))).lower(1.0).compile().as_text()
+    assert "callback" not in text.lower()
+
+
+def test_spool_of_vmap_gives_unbatched_logs_the_batch_axis_too():
+    def f(x):
+        lox.log({"k": 1.0})
+        lox.log({"k": x})
+        return x
+
+    _, logs = lox.spool(jax.vmap(f))(jnp.arange(3.0))
+    assert logs["k"].shape == (2, 3)
+    assert_series(logs, "k", [[1.0, 1.0, 1.0], [0.0, 1.0, 2.0]])
+
+
+def test_vmap_of_cond_is_detected_even_when_the_logged_values_are_constants():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda: lox.log({"branch": 1}), lambda: lox.log({"branch": 0}))
+
+    with pytest.raises(ValueError, match=r"'branch'.*batched by `jax.vmap`"):
+        lox.spool(jax.vmap(f))(jnp.array([-1.0, 1.0]))
+    _, logs = jax.vmap(lox.spool(f))(jnp.array([-1.0, 1.0]))
+    assert logs["branch"].tolist() == [[0], [1]]
+
+
+def test_branches_may_log_the_same_keys_in_another_order():
+    def f(x):
+        return jax.lax.cond(
+            x > 0,
+            lambda x: (lox.log({"a": x, "b": -x}, step=1, epoch=2), x)[1],
+            lambda x: (lox.log({"b": x, "a": -x}, epoch=3, step=4), x)[1],
+            x,
+        )
+
+    _, logs = lox.spool(f)(1.0)
+    assert logs["a"].tolist() == [1.0] and logs["b"].tolist() == [-1.0]
+    assert logs.step["a"].tolist() == [1] and logs.epoch["b"].tolist() == [2]
+
+
+def test_branches_logging_a_key_a_different_number_of_times_raise_clearly():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"a": x}), x)[1], lambda x: (lox.log({"a": x}), lox.log({"a": x}), x)[2], x)
+
+    with pytest.raises(ValueError, match=r"keys 'a'.*'a': float32\[\] \(2 events\).*branch 1 logs 'a': float32\[\]"):
+        lox.spool(f)(1.0)
+
+
+def test_distinct_callables_that_compare_equal_do_not_share_a_cache_entry():
+    import dataclasses
+    import gc
+
+    @dataclasses.dataclass(frozen=True)
+    class Scaled:
+        k: float
+
+        def __call__(self, x):
+            lox.log({"x": x * self.k})
+            return x
+
+    first = Scaled(2.0)
+    lox.spool(first)(1.0)
+    del first
+    gc.collect()
+    second = Scaled(2.0)  # equal to the dead one
+    assert lox.spool(second)(jnp.ones(2))[1]["x"].tolist() == [[2.0, 2.0]]
+
+
+def test_vmap_of_cond_detection_survives_jax_batching_caches():
+    # The same jitted cond batched with an unbatched and then a batched predicate
+    # (and the other way round) must be told apart every time.
+    xs, ps = jnp.arange(3.0), jnp.array([1.0, -1.0, 1.0])
+    for order in (("unbatched", "batched"), ("batched", "unbatched")):
+        @jax.jit
+        def inner(x, p):
+            return jax.lax.cond(p > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -x}), x)[1], x)
+
+        for which in order:
+            if which == "unbatched":
+                assert_series(lox.spool(jax.vmap(inner, in_axes=(0, None)))(xs, 1.0)[1], "v", [xs])
+            else:
+                with pytest.raises(ValueError, match="batched by `jax.vmap`"):
+                    lox.spool(jax.vmap(inner, in_axes=(0, 0)))(xs, ps)
