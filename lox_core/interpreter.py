@@ -173,7 +173,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             _compat.inline_equations(pending, read, write)
             pending.clear()
         for eqn in deferred:
-            collected.append(handler.on_log(*_taken(handler, eqn, [read(v) for v in eqn.invars]), active))
+            collected.append(log_rule(handler, site_of(eqn.params), [read(v) for v in eqn.invars], active))
         deferred.clear()
 
     for eqn in jaxpr.eqns:
@@ -191,7 +191,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         flush()
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive is log_p:
-            outs, new = log_rule(handler, site_of(eqn.params), invals, active)
+            new = log_rule(handler, site_of(eqn.params), invals, active)
             outs = event_outputs(invals) if returned_event_used else []
         else:
             rule = rules.get(eqn.primitive.name)
@@ -214,13 +214,7 @@ def _keys_text(sites) -> str:
     return "keys " + ", ".join(map(repr, keys))
 
 
-def _taken(handler: Handler, eqn, operands: list) -> tuple[Site, dict, dict]:
-    site = site_of(eqn.params)
-    values, steps = site.split(operands)
-    return site, {k: values[k] for k in handler.selection.keys(site)}, steps
-
-
-def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list, logdict | None]:
+def log_rule(handler: Handler, site: Site, operands: list, active) -> logdict | None:
     """Hand the selected part of an event to the handler; rebind the rest."""
     taken = handler.selection.keys(site)
     values, steps = site.split(operands)
@@ -229,7 +223,7 @@ def log_rule(handler: Handler, site: Site, operands: list, active) -> tuple[list
     rest = site.keys if handler.keep_logs else tuple(k for k in site.keys if k not in taken)
     if rest:
         _rebind(site, values, steps, rest)
-    return [], collected
+    return collected
 
 
 def _rebind(site: Site, values: dict, steps: dict, keys: tuple[str, ...]) -> None:
