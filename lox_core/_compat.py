@@ -89,10 +89,10 @@ def inline_equations(eqns: list, read, write) -> None:
     free: dict = {}
     for eqn in eqns:
         for v in eqn.invars:
-            if not isinstance(v, Literal) and v not in defined and v not in free:
+            if not isinstance(v, Literal) and v not in defined:
                 free[v] = None
         defined.update(eqn.outvars)
-    outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar)]
+    outvars = [v for v in defined if not isinstance(v, DropVar)]
     invars = list(free)
     effs = core.join_effects(*(e.effects for e in eqns))
     segment = Jaxpr([], invars, outvars, eqns, effs, _SEGMENT_DEBUG_INFO)

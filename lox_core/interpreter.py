@@ -131,9 +131,13 @@ def sites_in(jaxpr) -> tuple[Site, ...]:
 def _selected_sites(handler: Handler, eqn) -> list[Site]:
     # Not only equations with the log effect: some higher-order primitives
     # (e.g. custom_linear_solve) do not pass their bodies' effects on.
-    sites = [site_of(eqn.params)] if eqn.primitive is log_p else [
-        s for sub in _compat.subjaxprs_of(eqn) for s in sites_in(sub)
-    ]
+    if eqn.primitive is log_p:
+        sites = [site_of(eqn.params)]
+    else:
+        subs = _compat.subjaxprs_of(eqn)
+        if not subs:  # most equations: nothing inside
+            return subs
+        sites = [s for sub in subs for s in sites_in(sub)]
     return [s for s in sites if handler.selection.keys(s)]
 
 
@@ -161,8 +165,14 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         write(v, x)
     # The events `lox.log` returns are outputs of its equation; most programs
     # ignore them, and then nothing is emitted for them.
-    used = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, _compat.Literal)}
-    used.update(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
+    used: set | None = None
+
+    def is_used(outvars) -> bool:
+        nonlocal used
+        if used is None:
+            used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}
+            used.update(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
+        return any(v in used for v in outvars)
 
     collected: list[logdict] = []
     pending: list = []  # equations with nothing to handle, inlined as one run
@@ -181,7 +191,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         if not selected:
             pending.append(eqn)
             continue
-        returned_event_used = any(v in used for v in eqn.outvars)
+        returned_event_used = eqn.primitive is log_p and is_used(eqn.outvars)
         if eqn.primitive is log_p and handler.defers_logs and not handler.keep_logs and not returned_event_used and (
             handler.selection.keys(selected[0]) == selected[0].keys
         ):
