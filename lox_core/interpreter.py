@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import _compat
-from lox_core.logdict import concat, logdict
+from lox_core.logdict import concat, event_count, logdict
 from lox_core.primitive import Site, event_outputs, log_p, site_of
 
 
@@ -71,7 +71,7 @@ def describe(logs: logdict) -> str:
     for key, value in logs.items():
         shapes = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape[1:])}", value)
         names = logs.step_names(key)
-        events = jax.tree_util.tree_leaves(value)[0].shape[0] if jax.tree_util.tree_leaves(value) else 0
+        events = event_count(value)
         count = "" if events == 1 else f" ({events} events)"
         parts.append(f"{key!r}: {shapes}{count}" + (f" with steps {', '.join(names)}" if names else ""))
     return "; ".join(parts)
@@ -249,13 +249,14 @@ def _rebind(site: Site, values: dict, steps: dict, keys: tuple[str, ...]) -> Non
 rules: dict[str, Callable] = {}
 
 
-def _interpreted(handler: Handler, closed, active, record: list):
+def _interpreted(handler: Handler, closed, active, record: list | None = None):
     """The jaxpr as a function returning (outputs, logs); the logs of its last
-    trace land in `record`, to describe them in error messages."""
+    trace land in `record` if given, to describe them in error messages."""
 
     def fun(*args):
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
-        record[:] = [logs]
+        if record is not None:
+            record[:] = [logs]
         return outs, logs
 
     return fun
@@ -266,7 +267,7 @@ def scan_rule(handler, eqn, invals, active):
     consts = invals[: p.num_consts]
     init = invals[p.num_consts : p.num_consts + p.num_carry]
     xs = invals[p.num_consts + p.num_carry :]
-    body_fun = _interpreted(handler, p.jaxpr, active, [])
+    body_fun = _interpreted(handler, p.jaxpr, active)
     layout: list = []
 
     def body(carry, x):
@@ -283,7 +284,7 @@ def scan_rule(handler, eqn, invals, active):
         unique, where = _unique(leaves)
         squeeze = [leaf.shape[0] == 1 for leaf in unique]
         layout[:] = [tree, squeeze, where]
-        ys_logs = [originals.get(id(u), (None, u[0]))[1] if sq else u for u, sq in zip(unique, squeeze)]
+        ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
         return outs[: p.num_carry], (outs[p.num_carry :], ys_logs)
 
     carry, (ys, unique) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
@@ -405,7 +406,7 @@ for _name in _compat.JIT_NAMES:
 
 def remat_rule(handler, eqn, invals, active):
     p = _compat.remat_params(eqn.params)
-    fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active, [])
+    fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active)
     return jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
 
 
@@ -426,7 +427,7 @@ def _primal_and_original(handler, eqn, active) -> tuple[Callable, Callable]:
     """A custom_jvp/vjp equation's primal function, interpreted, and the
     equation itself as a function."""
     p = _compat.custom_call_params(eqn.params)
-    primal = _interpreted(handler, p.call_jaxpr, active, [])
+    primal = _interpreted(handler, p.call_jaxpr, active)
 
     def original(*args):
         return _compat.bind_equation(eqn, list(args))

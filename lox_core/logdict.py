@@ -16,7 +16,8 @@ NO_STEP = -(2**31)
 REDUCTIONS = ("mean", "sum", "min", "max", "first", "last")
 
 
-def _events(value) -> int:
+def event_count(value) -> int:
+    """The number of events in a series (its leading axis)."""
     leaves = jax.tree_util.tree_leaves(value)
     return leaves[0].shape[0] if leaves else 0
 
@@ -199,7 +200,7 @@ def concat(parts: Iterable[logdict]) -> logdict:
                 continue
             like = next(h for h in have if h is not None)
             filled = [
-                h if h is not None else _numpy_or_jax(like).full((_events(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
+                h if h is not None else _numpy_or_jax(like).full((event_count(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
                 for h, p in zip(have, holders)
             ]
             steps[name][key] = _concat(filled)

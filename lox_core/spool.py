@@ -20,7 +20,7 @@ class SpoolHandler(Handler):
         self.keep_logs = keep_logs
 
     def on_log(self, site, values, steps, active):
-        if site.in_select and values:
+        if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "spooled"))
         return event_logdict(values, steps, expand=single_event)
 

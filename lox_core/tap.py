@@ -32,8 +32,6 @@ class TapHandler(Handler):
         self.prefix = prefix
 
     def on_log(self, site, values, steps, active):
-        if not values:
-            return []
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
@@ -55,7 +53,7 @@ class TapHandler(Handler):
                     deliver(*leaves)
 
             jax.debug.callback(deliver_if_taken, active, *flat, ordered=True)
-        return []
+        return None
 
 
 def tap(

@@ -71,18 +71,18 @@ def _hashable(x):
 def wraps(fun: Callable, call: Callable, compiled) -> Callable:
     """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`."""
 
-    # `compiled` holds `fun` only weakly (see `jitted`); these closures hold it.
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):
         return call(*args, **kwargs)
 
     def lower(*args, **kwargs):
-        assert fun is not None
         return compiled.lower(*args, **kwargs)
 
     def trace(*args, **kwargs):
-        assert fun is not None
         return compiled.trace(*args, **kwargs)
 
+    # `compiled` holds `fun` only weakly (see `jitted`); all three hold it
+    # (`functools.wraps` set the wrapper's), so that `lox.spool(f).lower(x)` works.
+    lower.__wrapped__ = trace.__wrapped__ = fun
     wrapper.lower, wrapper.trace = lower, trace
     return wrapper
