@@ -11,6 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Any, NamedTuple
 
+import jax
+from jax.extend.core.primitives import jit_p as _jit_p
+
 from jax._src import core
 from jax._src import effects
 from jax._src import linear_util
@@ -49,7 +52,8 @@ for _set in (
 # --- Walking and re-emitting equations -------------------------------------------
 def subjaxprs_of(eqn) -> list[Jaxpr]:
     """The jaxprs in an equation's params (bodies, branches, rules)."""
-    return list(core.jaxprs_in_params(eqn.params))
+    params = eqn.params
+    return list(core.jaxprs_in_params(params)) if params else []
 
 
 def current_trace():
@@ -67,16 +71,21 @@ def bind_equation(eqn, invals: list) -> list:
     return out if eqn.primitive.multiple_results else [out]
 
 
-_SEGMENT_DEBUG_INFO = linear_util.DebugInfo("lox", "<lox segment>", None, None)
+# A run at least this long becomes one nested `jit` equation instead of being
+# copied equation by equation: one equation to add instead of thousands, and XLA
+# inlines the call, so the compiled program is the same.
+SEGMENT_AS_CALL_MIN_EQNS = 32
 
 
-def inline_equations(eqns: list, read, write) -> None:
+def inline_equations(eqns: list, read, write, exported) -> None:
     """Emit a run of equations that contain nothing for lox to handle.
 
-    Inside a jaxpr trace (always the case under `spool`, which is jitted) the
-    equations are copied into the trace the way `jit` inlines a nested call: no
-    re-tracing and no abstract evaluation, which keeps lox's transform close to
-    free. Elsewhere they are bound one by one.
+    Inside a jaxpr trace (always the case under `spool`, which is jitted) a long
+    run is emitted as one nested `jit` of a jaxpr made of the same equations,
+    and a short one is copied into the trace the way `jit` inlines a nested
+    call: neither re-traces nor re-runs abstract evaluation, which keeps lox's
+    transform close to free. Elsewhere the equations are bound one by one.
+    `exported(var)` says whether a variable the run defines is read after it.
     """
     trace = current_trace()
     if not isinstance(trace, pe.DynamicJaxprTrace):
@@ -92,15 +101,40 @@ def inline_equations(eqns: list, read, write) -> None:
             if not isinstance(v, Literal) and v not in defined:
                 free[v] = None
         defined.update(eqn.outvars)
-    outvars = [v for v in defined if not isinstance(v, DropVar)]
     invars = list(free)
+    outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar) and exported(v)]
     effs = core.join_effects(*(e.effects for e in eqns))
-    segment = Jaxpr([], invars, outvars, eqns, effs, _SEGMENT_DEBUG_INFO)
-    src = source_info_util.current()
-    in_tracers = [trace.to_jaxpr_tracer(read(v), src) for v in invars]
-    outs = pe.inline_jaxpr_into_trace(trace, src, segment, [], *in_tracers)
+    debug_info = linear_util.DebugInfo("lox", "<lox segment>", tuple(f"x{i}" for i in range(len(invars))), None)
+    segment = Jaxpr([], invars, outvars, eqns, effs, debug_info)
+    if len(eqns) >= SEGMENT_AS_CALL_MIN_EQNS:
+        outs = _bind_jit(ClosedJaxpr(segment, ()), [read(v) for v in invars])
+    else:
+        src = source_info_util.current()
+        in_tracers = [trace.to_jaxpr_tracer(read(v), src) for v in invars]
+        outs = pe.inline_jaxpr_into_trace(trace, src, segment, [], *in_tracers)
     for v, x in zip(outvars, outs):
         write(v, x)
+
+
+_jit_template: dict | None = None
+
+
+def _bind_jit(closed: ClosedJaxpr, args: list) -> list:
+    """`jit` of a jaxpr lox built, bound without tracing it again. The
+    parameters are those JAX gives a plain `jax.jit` call (read from one,
+    so that a parameter added by a release is there), sized to the jaxpr."""
+    global _jit_template
+    if _jit_template is None:
+        _jit_template = dict(jax.make_jaxpr(jax.jit(lambda x: x))(0.0).eqns[0].params)
+    t = _jit_template
+    n, m = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
+    params = dict(
+        t, jaxpr=closed, name="lox_segment",
+        in_shardings=t["in_shardings"][:1] * n, out_shardings=t["out_shardings"][:1] * m,
+        in_layouts=t["in_layouts"][:1] * n, out_layouts=t["out_layouts"][:1] * m,
+        donated_invars=(False,) * n, ctx_mesh=jax.sharding.get_abstract_mesh(),
+    )
+    return _jit_p.bind(*args, **params)
 
 
 # --- Parameters of the higher-order primitives lox rebuilds ----------------------

@@ -14,6 +14,7 @@ Order: handler → interpreter → per-primitive rules.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import weakref
@@ -163,16 +164,21 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         write(v, x)
     for v, x in zip(jaxpr.invars, args):
         write(v, x)
-    # The events `lox.log` returns are outputs of its equation; most programs
-    # ignore them, and then nothing is emitted for them.
-    used: set | None = None
+    # How often each variable is read (by equations and as an output): a run of
+    # equations passes on only what is read after it, and the events `lox.log`
+    # returns, which most programs ignore, are emitted only when read.
+    uses: collections.Counter | None = None
+
+    def use_counts() -> collections.Counter:
+        nonlocal uses
+        if uses is None:
+            uses = collections.Counter(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal))
+            uses.update(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
+        return uses
 
     def is_used(outvars) -> bool:
-        nonlocal used
-        if used is None:
-            used = {v for e in jaxpr.eqns for v in e.invars if not isinstance(v, _compat.Literal)}
-            used.update(v for v in jaxpr.outvars if not isinstance(v, _compat.Literal))
-        return any(v in used for v in outvars)
+        counts = use_counts()
+        return any(counts[v] for v in outvars)
 
     collected: list[logdict] = []
     pending: list = []  # equations with nothing to handle, inlined as one run
@@ -180,7 +186,9 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
 
     def flush():
         if pending:
-            _compat.inline_equations(pending, read, write)
+            counts = use_counts()
+            inside = collections.Counter(v for e in pending for v in e.invars if not isinstance(v, _compat.Literal))
+            _compat.inline_equations(pending, read, write, lambda v: counts[v] > inside[v])
             pending.clear()
         for eqn in deferred:
             collected.append(log_rule(handler, site_of(eqn.params), [read(v) for v in eqn.invars], active))

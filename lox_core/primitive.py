@@ -8,6 +8,7 @@ alone it prints the event through a host callback, like `jax.debug.print`.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Iterable, NamedTuple
 
@@ -44,10 +45,17 @@ class Site(NamedTuple):
         operands = list(operands)
         values, i = {}, 0
         for key, tree in zip(self.keys, self.trees):
-            n = tree.num_leaves
-            values[key] = jax.tree_util.tree_unflatten(tree, operands[i : i + n])
-            i += n
+            if tree == _LEAF:
+                values[key] = operands[i]
+                i += 1
+            else:
+                n = tree.num_leaves
+                values[key] = jax.tree_util.tree_unflatten(tree, operands[i : i + n])
+                i += n
         return values, dict(zip(self.step_names, operands[i:]))
+
+
+_LEAF = jax.tree_util.tree_structure(0)
 
 
 def site_of(params) -> Site:
@@ -97,8 +105,9 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
         explicit=bool(explicit), batch_ndim=0, in_select=False,
     )
     outs = log_p.bind(*flat, *step_values, **site._asdict())
+    # The outputs already carry the event axis.
     values, step_events = site.split(outs)
-    return event_logdict(values, step_events, expand=lambda x: x)
+    return logdict(values, {name: dict.fromkeys(values, s) for name, s in step_events.items()})
 
 
 def _add_event_axis(x):
@@ -125,10 +134,24 @@ def _check_tags(tags) -> tuple[str, ...]:
     return tags
 
 
+@functools.cache
+def _loggable(dtype) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+
+
+@functools.cache
+def _integer(dtype) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.integer))
+
+
+def _step_dtype():
+    # One integer dtype for every step, so steps of different events concatenate
+    # (int64 under `jax_enable_x64`, which can change at run time: not cached).
+    return jax.dtypes.canonicalize_dtype(np.int64)
+
+
 def _check_value(key: str, leaf):
-    if isinstance(leaf, jax.core.Tracer) or isinstance(leaf, jax.Array):
-        dtype = leaf.dtype
-    elif isinstance(leaf, (np.ndarray, np.generic)):
+    if isinstance(leaf, (jax.core.Tracer, jax.Array, np.ndarray, np.generic)):
         dtype = leaf.dtype
     elif isinstance(leaf, (bool, numbers.Number)):
         # Through NumPy, so a Python scalar gets a fixed (not weak) dtype.
@@ -138,18 +161,18 @@ def _check_value(key: str, leaf):
             f"`lox.log` got a {type(leaf).__name__} for key {key!r}; only numeric and boolean "
             "arrays (or pytrees of them) can be logged."
         )
-    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+    if not _loggable(dtype):
         raise TypeError(
             f"`lox.log` got an array of dtype {dtype} for key {key!r}; only numeric and boolean "
             "arrays can be logged."
         )
-    return leaf if isinstance(leaf, jax.core.Tracer) else jnp.asarray(leaf)
+    return leaf if isinstance(leaf, (jax.core.Tracer, jax.Array)) else jnp.asarray(leaf)
 
 
 def _check_step(name: str, value):
+    dtype = getattr(value, "dtype", None)
     if isinstance(value, bool) or not (
-        isinstance(value, (numbers.Integral, np.integer))
-        or (hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.integer))
+        isinstance(value, (numbers.Integral, np.integer)) or (dtype is not None and _integer(dtype))
     ):
         raise TypeError(
             f"`lox.log` step {name!r} must be an integer scalar, got {value!r}. "
@@ -157,8 +180,9 @@ def _check_step(name: str, value):
         )
     if getattr(value, "shape", ()) != ():
         raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(value.shape)}.")
-    # One integer dtype for every step, so steps of different events concatenate.
-    return jnp.asarray(value, dtype=jax.dtypes.canonicalize_dtype(np.int64))
+    if dtype == _step_dtype() and isinstance(value, (jax.core.Tracer, jax.Array)):
+        return value
+    return jnp.asarray(value, dtype=_step_dtype())
 
 
 # --- rules -------------------------------------------------------------------------
