@@ -19,15 +19,19 @@ JAX_RELEASES = ["0.10", "0.9", "0.8"]
 @nox.session
 @nox.parametrize("jax", JAX_RELEASES)
 def tests(session, jax):
-    session.install("-e", ".[test]", f"jax~={jax}.0", f"jaxlib~={jax}.0")
+    # The example third-party plugin of plugins.md is installed like any plugin.
+    session.install("-e", ".[test]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
     session.run("python", "-c", "import jax; print('JAX', jax.__version__)")
     session.run("pytest", "-q", *session.posargs)
 
 
 @nox.session
 def quickstart(session):
-    session.install("-e", ".")
+    """The README's first command: the main job, in a fresh environment and folder."""
+    session.install("-e", ".[plot]")
     session.run("python", "examples/quickstart.py")
+    with session.chdir(session.create_tmp()):
+        session.run("lox", "demo", "--epochs", "5")
 
 
 @nox.session

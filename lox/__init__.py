@@ -2,7 +2,8 @@
 
 `lox.log` records values anywhere in JAX code; `lox.spool` returns them as
 outputs of one compiled program, `lox.tap` streams them to a callback, and
-`lox.nolog` removes them.
+`lox.nolog` removes them. `lox.loggers` sends them to backends (the console,
+Parquet files, trackers, plugins) and `lox.load` reads saved runs back.
 """
 
 from lox_core.console import set_default as set_default
@@ -13,6 +14,10 @@ from lox_core.primitive import log as log
 from lox_core.spool import spool as spool
 from lox_core.tap import tap as tap
 
+from lox import loggers as loggers
+from lox_backends.parquet import load as load
+
 __version__ = "0.1.0"
 
-__all__ = ["log", "spool", "tap", "nolog", "logdict", "set_default", "NO_STEP"]
+
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "set_default", "NO_STEP", "loggers", "load"]

@@ -15,6 +15,7 @@ import jax
 from jax.extend.core.primitives import jit_p as _jit_p
 
 from jax._src import core
+from jax._src import debugging as _debugging
 from jax._src import effects
 from jax._src import linear_util
 from jax._src import source_info_util
@@ -47,6 +48,12 @@ for _set in (
     effects.partial_eval_kept_effects,
 ):
     _set.add_type(LogEffect)
+
+
+# The effects of `jax.debug.callback`, which lox's host calls share so that their
+# lowering (through `jax.debug.callback`) threads the same ordering token.
+debug_effect = _debugging.debug_effect
+ordered_debug_effect = _debugging.ordered_debug_effect
 
 
 # --- Walking and re-emitting equations -------------------------------------------

@@ -141,6 +141,38 @@ class logdict(dict):
         steps = {name: {k: s[-1:] for k, s in per_key.items()} for name, per_key in self._steps.items()}
         return logdict(data, steps)
 
+    # --- Arrow -------------------------------------------------------------------------
+    def to_arrow(self, run: str | None = None):
+        """One `pyarrow.Table`, one row per event of a key (schema in `lox_core.arrow`).
+
+        >>> import numpy as np, lox
+        >>> logs = lox.logdict({"loss": np.array([0.5, 0.25])}, steps={"step": {"loss": np.array([0, 1])}})
+        >>> table = logs.to_arrow(run="seed0")
+        >>> table.column_names
+        ['run', 'key', 'step', 'value', 'dtype', 'shape', 'data']
+        >>> table.column("value").to_pylist(), table.column("step").to_pylist()
+        ([0.5, 0.25], [0, 1])
+        """
+        from lox_core.arrow import to_arrow  # pyarrow only when asked for
+
+        return to_arrow(self, run)
+
+    @staticmethod
+    def from_arrow(table, run: str | None = None) -> logdict:
+        """The logdict of NumPy arrays a `to_arrow` table holds (also read back from Parquet).
+
+        Pass ``run=`` to choose one run of a table that holds several.
+
+        >>> import numpy as np, lox
+        >>> logs = lox.logdict({"loss": np.array([0.5, 0.25])}, steps={"step": {"loss": np.array([0, 1])}})
+        >>> back = lox.logdict.from_arrow(logs.to_arrow(run="seed0"), run="seed0")
+        >>> back["loss"].tolist(), back.step["loss"].tolist()
+        ([0.5, 0.25], [0, 1])
+        """
+        from lox_core.arrow import from_arrow
+
+        return from_arrow(table, run)
+
     # --- display ---------------------------------------------------------------------
     def __repr__(self) -> str:
         if not self:

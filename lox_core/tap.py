@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextvars
 from typing import Callable, Iterable
 
 import jax
 import numpy as np
 
 from lox_core import console
+from lox_core.host import host_call
 from lox_core.interpreter import Handler
 from lox_core.logdict import logdict
 from lox_core.primitive import vmap_of_cond_message
@@ -22,37 +24,43 @@ def print_event(event: logdict) -> None:
     print(console.format_event(values, steps), flush=True)
 
 
+# The value handed to each callback along with the event (`tap_with_context`),
+# set while the tapped function is traced.
+_context: contextvars.ContextVar = contextvars.ContextVar("lox_tap_context", default=None)
+
+
 class TapHandler(Handler):
     guards_branches = True
     name = "lox.tap"
 
-    def __init__(self, selection, callback: Callable, prefix: str):
+    def __init__(self, selection, callback: Callable, prefix: str, with_context: bool = False):
         self.selection = selection
         self.callback = callback
         self.prefix = prefix
+        self.with_context = with_context
 
     def on_log(self, site, values, steps, active):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
-        flat, tree = jax.tree_util.tree_flatten(([values[k] for k in keys], [steps[n] for n in names]))
-        callback, prefix = self.callback, self.prefix
+        callback, prefix, with_context = self.callback, self.prefix, self.with_context
 
-        def deliver(*leaves):
-            vals, stps = jax.tree_util.tree_unflatten(tree, [np.asarray(x)[None] for x in leaves])
-            data = {prefix + k: v for k, v in zip(keys, vals)}
-            callback(logdict(data, {n: dict.fromkeys(data, s) for n, s in zip(names, stps)}))
+        def deliver(batch_ndim, taken, vals, stps, context):
+            # Under vmap one host call carries the whole batch; each element
+            # that took its cond branch (all of them outside a cond) is one event.
+            batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
+            for index in np.ndindex(batch_shape):
+                if taken is not None and not np.all(taken[index]):
+                    continue
+                data = {prefix + k: jax.tree_util.tree_map(lambda x: x[index][None], v) for k, v in zip(keys, vals)}
+                event = logdict(data, {n: dict.fromkeys(data, s[index][None]) for n, s in zip(names, stps)})
+                if with_context:
+                    callback(event, jax.tree_util.tree_map(lambda x: x[index], context))
+                else:
+                    callback(event)
 
-        if active is None:
-            jax.debug.callback(deliver, *flat, ordered=True)
-        else:
-            # Inside a cond branch that vmap may run for every element: only the
-            # elements that took the branch deliver (one call per element under vmap).
-            def deliver_if_taken(taken, *leaves):
-                if np.all(taken):
-                    deliver(*leaves)
-
-            jax.debug.callback(deliver_if_taken, active, *flat, ordered=True)
+        context = _context.get() if with_context else None
+        host_call(deliver, active, [values[k] for k in keys], [steps[n] for n in names], context)
         return None
 
 
@@ -107,3 +115,43 @@ def tap(
         return out
 
     return wraps(fun, call, compiled)
+
+
+def tap_with_context(
+    fun: Callable,
+    callback: Callable[[logdict, object], None],
+    *,
+    argnames: Iterable[str] | None = None,
+    tags: Iterable[str] | None = None,
+    prefix: str = "",
+    wait: bool = True,
+) -> Callable:
+    """Like `tap`, for code that routes events: returns ``g(context, *args,
+    **kwargs)`` that runs ``fun(*args, **kwargs)`` and calls ``callback(event,
+    context)``, where `context` is a pytree of arrays (under `vmap`, the
+    element's own). Loggers pass their run ids this way. With ``wait=False`` an
+    eager call returns without waiting for its callbacks (`jax.effects_barrier`
+    waits for them).
+    """
+    handler = TapHandler(selection(argnames, tags), callback, prefix, with_context=True)
+
+    def make_impl(get_fun):
+        def tapped(context, *args, **kwargs):
+            token = _context.set(context)
+            try:
+                return trace_and_interpret(get_fun(), handler, args, kwargs)[0]
+            finally:
+                _context.reset(token)
+
+        return tapped
+
+    config = ("tap_with_context", handler.selection, callback, prefix)
+    compiled = jitted(fun, config, make_impl)
+
+    def call(context, *args, **kwargs):
+        out = compiled(context, *args, **kwargs)
+        if wait and not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((context, args, kwargs))):
+            jax.effects_barrier()
+        return out
+
+    return call

@@ -93,6 +93,33 @@ def test_vmap_of_tap_delivers_only_the_branch_each_element_took():
     assert sorted(float(e["v"][0]) for e in events) == [2.0, 100.0, 300.0]
 
 
+def test_vmap_of_tap_delivers_each_elements_events_from_one_host_call_per_event():
+    from lox_core import host
+
+    calls = []
+    original = host._Callback.__call__
+
+    def counting(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    seeds = jnp.arange(64.0)
+    events = []
+    host._Callback.__call__ = counting
+    try:
+        jax.vmap(lox.tap(program, events.append))(jnp.stack([seeds, seeds + 1.0], axis=1))
+        jax.effects_barrier()
+    finally:
+        host._Callback.__call__ = original
+    # program logs 1 + 2 * 2 + 1 events; each is one host call for all 64 seeds.
+    assert len(calls) == 6
+    assert len(events) == 6 * 64
+    # Each element's events, in order, add up to that element's spooled logs.
+    for i in (0, 17, 63):
+        xs = jnp.stack([seeds, seeds + 1.0], axis=1)[i]
+        assert_logs_equal(concat(events[i::64]), lox.spool(program)(xs)[1])
+
+
 def test_tap_of_vmap_of_cond_with_batched_predicate_raises():
     def f(x):
         return jax.lax.cond(x > 0, lambda x: (lox.log({"v": x}), x)[1], lambda x: (lox.log({"v": -x}), x)[1], x)

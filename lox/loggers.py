@@ -1,0 +1,39 @@
+"""Loggers: send logs to backends (console, Parquet files, trackers, plugins).
+
+    logger = lox.loggers.from_config("console,parquet:runs")
+    state = logger.init(jax.random.key(0), lr=1e-3)
+    out = logger.spool(train, state)(params)
+    logger.finish(state)
+
+Besides `ConsoleLogger`, `SaveLogger` and `MultiLogger`, every registered
+backend has a Logger named after it: ``lox.loggers.ParquetLogger("runs")``,
+``lox.loggers.MemoryLogger()``, ``lox.loggers.MlflowLogger(uri, experiment=...)``.
+"""
+
+from lox_backends.logger import DEFAULT_CONFIG as DEFAULT_CONFIG
+from lox_backends.logger import BackendError as BackendError
+from lox_backends.logger import ConsoleLogger as ConsoleLogger
+from lox_backends.logger import Logger as Logger
+from lox_backends.logger import LoggerState as LoggerState
+from lox_backends.logger import MultiLogger as MultiLogger
+from lox_backends.logger import SaveLogger as SaveLogger
+from lox_backends.logger import backend_logger as backend_logger
+from lox_backends.logger import from_config as from_config
+
+
+def __getattr__(attribute: str):
+    # `FooBarLogger` → a Logger for the backend named "foo-bar" or "foo_bar" or "foobar".
+    if attribute.endswith("Logger") and attribute[:1].isupper():
+        from lox_backends.registry import registry
+
+        wanted = attribute[: -len("Logger")].lower()
+        for name in registry.offers():
+            if name.replace("-", "").replace("_", "").lower() == wanted:
+
+                def make(target=None, *, name_=name, **options):
+                    return backend_logger(name_, target, **options)
+
+                make.__name__ = make.__qualname__ = attribute
+                make.__doc__ = f"A Logger for the {name!r} backend: {attribute}(target=None, **options)."
+                return make
+    raise AttributeError(f"module 'lox.loggers' has no attribute {attribute!r}")

@@ -1,0 +1,75 @@
+"""The ``lox`` command.
+
+    lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
+    lox plot RUN_DIR --key loss -o loss.png                 one curve per run
+    lox backends                                            installed backends and their packages
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lox", description="lox: accelerated logging for JAX.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="train a small model with several seeds, log it, plot it")
+    demo.add_argument("--dir", default="lox-runs", help="where the runs are saved (default: lox-runs)")
+    demo.add_argument("--seeds", type=int, default=4)
+    demo.add_argument("--epochs", type=int, default=20)
+    demo.add_argument("--steps", type=int, default=100, help="SGD steps per epoch")
+
+    plot = commands.add_parser("plot", help="plot one key of saved runs, one curve per run")
+    plot.add_argument("path", help="a folder of runs, or one run's folder")
+    plot.add_argument("--key", default="loss")
+    plot.add_argument("-o", "--output", default=None, help="PNG file (default: KEY.png in PATH)")
+    plot.add_argument("--step", default="step", help="the step name on the x axis")
+
+    commands.add_parser("backends", help="list installed backends")
+
+    args = parser.parse_args(argv)
+    try:
+        _run(args)
+    except (LookupError, OSError, ValueError) as error:
+        # What the user can fix (a wrong path or key): the message, not a traceback.
+        parser.exit(2, f"lox {args.command}: error: {error.args[0] if error.args else error}\n")
+    return 0
+
+
+def _run(args) -> None:
+    if args.command == "demo":
+        from lox_backends.demo import run_demo
+
+        run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
+    elif args.command == "plot":
+        from lox_backends.plot import plot_runs
+
+        print(plot_runs(args.path, key=args.key, output=args.output, step=args.step))
+    elif args.command == "backends":
+        print(backends_table())
+
+
+def backends_table() -> str:
+    """Every installed backend: name, package, whether its extra is installed."""
+    from lox_backends.registry import registry
+
+    rows = [("backend", "package", "installed", "description")]
+    for name, offers in registry.offers().items():
+        for offer in offers:
+            missing = offer.spec.missing()
+            if missing:
+                hint = f"pip install 'jax-lox[{offer.spec.extra}]'" if offer.spec.extra else f"pip install {' '.join(missing)}"
+                status = f"no: {hint}"
+            else:
+                status = "yes"
+            if len(offers) > 1:
+                status += f" (conflict: also claimed by {', '.join(o.package for o in offers if o is not offer)})"
+            rows.append((name, offer.package, status, offer.spec.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The ``console`` backend: the latest value of every key, per run.
+
+On a terminal it is a live `rich` table, redrawn at most a few times per
+second however fast logs arrive. Elsewhere (a file, CI) it prints plain lines,
+at most one per run every `interval` seconds (option ``?interval=SECONDS``,
+default 1) plus one when the run finishes, so a fast loop cannot flood the output.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from lox_backends import hooks
+from lox_core import console
+
+
+_DATA_COLUMNS = ("run", "key", "value", "dtype", "shape", "data")
+
+
+class ConsoleBackend(hooks.Backend):
+    def __init__(self, target=None, options=None):
+        super().__init__(target, options)
+        self.interval = float(self.options.get("interval", 1.0))
+        self.stream = sys.stdout
+        self.live_table = self.stream.isatty() and self.options.get("plain", "0") not in ("1", "true")
+        self._latest: dict[str, dict] = {}  # run_id → {key: (value, {step name: step})}
+        self._names: dict[str, str] = {}
+        self._printed_at: dict[str, float] = {}
+        self._live = None
+
+    # --- receiving -----------------------------------------------------------------
+    def open_run(self, run):
+        self._names[run.run_id] = run.name
+        self._latest[run.run_id] = {}
+
+    def write_batch(self, run, table):
+        import pyarrow.compute as pc
+
+        latest = self._latest.setdefault(run.run_id, {})
+        if table.num_rows == 0:
+            return
+        keys = table.column("key").to_numpy(zero_copy_only=False)
+        values = table.column("value").to_numpy(zero_copy_only=False)
+        is_scalar = pc.is_valid(table.column("value")).to_numpy(zero_copy_only=False)
+        step_columns = [n for n in table.column_names if n not in _DATA_COLUMNS]
+        # The last row of each key (rows arrive ordered by step).
+        _, last_reversed = np.unique(keys[::-1], return_index=True)
+        for i in sorted(len(keys) - 1 - last_reversed):
+            steps = {n: table.column(n)[i].as_py() for n in step_columns}
+            latest[str(keys[i])] = (values[i] if is_scalar[i] else "[array]", {n: v for n, v in steps.items() if v is not None})
+        self._show(run)
+
+    def write_event(self, run, event):
+        latest = self._latest.setdefault(run.run_id, {})
+        for key, value in event.items():
+            leaves = [np.asarray(x) for x in _leaves(value)]
+            shown = leaves[0][0] if len(leaves) == 1 and leaves[0].ndim == 1 else "[array]"
+            latest[key] = (shown, {n: int(np.asarray(per_key[key])[0]) for n, per_key in event.steps.items() if key in per_key})
+        self._show(run)
+
+    def close_run(self, run):
+        self._show(run, force=True)
+
+    def close(self):
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    # --- showing -------------------------------------------------------------------
+    def _show(self, run, force: bool = False):
+        now = time.monotonic()
+        if not force and now - self._printed_at.get(run.run_id, -np.inf) < self.interval:
+            return
+        self._printed_at[run.run_id] = now
+        if self.live_table:
+            self._refresh_live()
+        else:
+            print(f"[{self._names.get(run.run_id, run.name)}] {plain_line(self._latest.get(run.run_id, {}))}", file=self.stream, flush=True)
+
+    def _refresh_live(self):
+        from rich.live import Live
+        from rich.table import Table
+
+        table = Table(title="lox")
+        keys = list(dict.fromkeys(k for latest in self._latest.values() for k in latest))
+        step_names = list(dict.fromkeys(n for latest in self._latest.values() for _, steps in latest.values() for n in steps))
+        for column in ["run", *step_names, *keys]:
+            table.add_column(column)
+        for run_id, latest in self._latest.items():
+            newest = {n: max((steps[n] for _, steps in latest.values() if n in steps), default="") for n in step_names}
+            table.add_row(
+                self._names.get(run_id, run_id),
+                *[str(newest[n]) for n in step_names],
+                *[_short(latest[k][0]) if k in latest else "" for k in keys],
+            )
+        if self._live is None:
+            # Redrawn by rich at most 4 times per second, whatever the log rate.
+            self._live = Live(table, refresh_per_second=4, auto_refresh=True)
+            self._live.start()
+        else:
+            self._live.update(table)
+
+
+def plain_line(latest: dict) -> str:
+    """``[step=99] loss=0.1 acc=0.9 [step=100] val_loss=0.2``: the latest value
+    of every key, keys that were logged at the same steps side by side."""
+    groups: dict[tuple, dict] = {}
+    for key, (value, steps) in latest.items():
+        groups.setdefault(tuple(steps.items()), {})[key] = value
+    return " ".join(console.format_event(values, dict(steps)) for steps, values in groups.items())
+
+
+def _leaves(value):
+    import jax
+
+    return jax.tree_util.tree_leaves(value)
+
+
+def _short(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.6g}"
+    return str(value)
+
+
+@hooks.hookimpl
+def lox_backends():
+    return [hooks.BackendSpec("console", ConsoleBackend, description="latest values per run, live on a terminal")]

@@ -1,0 +1,416 @@
+"""Loggers: runs, and the backends their logs go to.
+
+A `Logger` owns backends (from a config string such as
+``"console,parquet:runs"``) and a background writer thread. `init` opens a run
+and returns its state, a pytree: ``jax.vmap(logger.init)(keys)`` opens one run
+per seed, and a vmapped `spool` / `tap` / `log` sends each seed's logs to its
+own run, in one host call for all seeds. Device arrays are handed to the writer
+as they are, so logging never waits for a device-to-host transfer; a backend's
+error is raised by the next call to the logger (or by `finish`), and whatever is
+pending is flushed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import itertools
+import os
+import queue
+import re
+import secrets
+import threading
+import time
+import warnings
+import weakref
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lox_core.spool
+import lox_core.tap
+from lox_backends import hooks
+from lox_backends.config import BackendConfig, parse
+from lox_backends.registry import registry
+from lox_core.host import host_call
+from lox_core.logdict import NO_STEP, logdict
+
+DEFAULT_CONFIG = "parquet:lox-runs"
+DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the writer
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoggerState:
+    """The runs a logger writes to: an int32 run number per element (batch axes
+    under vmap). Pass it to `spool` / `tap` / `log` / `finish`."""
+
+    run: jax.Array
+
+
+class BackendError(RuntimeError):
+    """A backend failed in the background writer."""
+
+
+class _Writer:
+    """One thread that calls the backends, in submission order."""
+
+    def __init__(self, name: str, max_pending: int = 256):
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._name = name
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self.raise_errors()
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name=f"lox-writer-{self._name}", daemon=True)
+                    self._thread.start()
+        self._queue.put(task)  # blocks when the writer is far behind: bounded memory
+
+    def _run(self) -> None:
+        while True:
+            task = self._queue.get()
+            try:
+                task()
+            except BaseException as error:  # kept and raised in the user's thread
+                with self._lock:
+                    self._errors.append(error)
+            finally:
+                self._queue.task_done()
+
+    def wait(self, timeout: float | None) -> None:
+        """Return when every task submitted so far has run, or raise TimeoutError."""
+        done = threading.Event()
+        self.submit(done.set)
+        if not done.wait(timeout):
+            raise TimeoutError(
+                f"lox: the writer of logger {self._name!r} did not finish within {timeout} s; "
+                "pass a longer timeout (e.g. `logger.finish(state, timeout=600)`) or check the backends."
+            )
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+            raise BackendError(f"lox: a backend failed while writing: {errors[0]!r}{more}") from errors[0]
+
+
+_live_loggers: "weakref.WeakSet[Logger]" = weakref.WeakSet()
+_init_calls = itertools.count()
+
+
+class Logger:
+    """Runs and the backends their logs go to (see the module docstring).
+
+    >>> import jax, jax.numpy as jnp, lox
+    >>> logger = lox.loggers.from_config("memory")
+    >>> def train(w):
+    ...     def step(w, i):
+    ...         lox.log({"w": w}, step=i)
+    ...         return w * 0.5, None
+    ...     return jax.lax.scan(step, w, jnp.arange(3))[0]
+    >>> state = logger.init(jax.random.key(0), lr=0.1)
+    >>> w = logger.spool(train, state)(1.0)
+    >>> logger.finish(state)
+    >>> logger.backends[0].logs()["w"].tolist(), logger.backends[0].logs().step["w"].tolist()
+    ([1.0, 0.5, 0.25], [0, 1, 2])
+    """
+
+    def __init__(self, backends: Sequence[hooks.Backend], name: str = "lox", timeout: float = DEFAULT_TIMEOUT):
+        if not backends:
+            raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
+        # One conversion now, in the caller's thread: the writer thread converts
+        # every batch to Arrow and must not be the first to run it, because its
+        # lazy imports register exit handlers, which fails while the
+        # interpreter exits (when pending batches are flushed).
+        import pyarrow.compute  # noqa: F401
+
+        logdict({"warm-up": np.zeros(1)}, {"step": {"warm-up": np.zeros(1, np.int32)}}).to_arrow(run="")
+
+        self.backends = list(backends)
+        self.name = name
+        self.timeout = timeout
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "lox"
+        self.group = f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self._runs: list[hooks.RunInfo] = []
+        self._open: set[int] = set()
+        self._last_steps: dict[tuple[int, str], int] = {}  # (run, key) → highest step sent
+        self._warned: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+        self._writer = _Writer(safe)
+        self._closed = False
+        _live_loggers.add(self)
+
+    def __repr__(self) -> str:
+        return f"Logger({self.name!r}, backends=[{', '.join(type(b).__name__ for b in self.backends)}])"
+
+    # --- runs ----------------------------------------------------------------------
+    def init(self, key=None, **metadata) -> LoggerState:
+        """Open a run and return its state.
+
+        `key` is a PRNG key (recorded with the run, so a seed's run can be told
+        apart); `metadata` is the run's metadata and config: Python values
+        (JSON-compatible) apply to every run, arrays may differ per seed under
+        vmap. ``name=`` names the run (seeds get ``name-0``, ``name-1``...).
+        Works eagerly, under jit and under vmap: one run per element.
+        """
+        self._check_open()
+        static = {k: v for k, v in metadata.items() if not isinstance(v, (jax.Array, np.ndarray, jax.core.Tracer))}
+        dynamic = {k: jnp.asarray(v) for k, v in metadata.items() if k not in static}
+        if key is None:
+            seed = jnp.zeros((0,), jnp.uint32)
+        elif jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+            seed = jax.random.key_data(key)
+        else:
+            seed = jnp.asarray(key)
+        seed_ndim = seed.ndim
+        # A different operand per `init` call, so that XLA never merges two
+        # calls into one (the callback is pure to JAX, which lets vmap batch it).
+        nonce = jnp.int32(next(_init_calls))
+
+        def open_runs(seed, dynamic, nonce):
+            seed, dynamic = np.asarray(seed), {k: np.asarray(v) for k, v in dynamic.items()}
+            batch_shape = seed.shape[: seed.ndim - seed_ndim]
+            runs = np.empty(batch_shape, np.int32)
+            for position, index in enumerate(np.ndindex(batch_shape)):
+                meta = dict(static)
+                meta.update({k: v[index].tolist() for k, v in dynamic.items()})
+                if key is not None:
+                    meta["key"] = seed[index].tolist()
+                runs[index] = self._open_run(meta, position if batch_shape else None)
+            return runs
+
+        run = jax.pure_callback(
+            open_runs, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce, vmap_method="broadcast_all"
+        )
+        return LoggerState(run)
+
+    def _open_run(self, metadata: dict, position: int | None) -> int:
+        with self._lock:
+            number = len(self._runs)
+            base = str(metadata.get("name", self.name))
+            name = base if position is None and "name" in metadata else f"{base}-{number if position is None else position}"
+            run = hooks.RunInfo(f"{self.group}-{number}", name, self.group, number, metadata)
+            self._runs.append(run)
+            self._open.add(number)
+        self._writer.submit(lambda: [b.open_run(run) for b in self.backends])
+        return number
+
+    def runs(self) -> list[hooks.RunInfo]:
+        """Every run this logger opened, in order."""
+        with self._lock:
+            return list(self._runs)
+
+    # --- logging -------------------------------------------------------------------
+    def spool(self, fun: Callable, state: LoggerState, **options) -> Callable:
+        """`lox.spool(fun, **options)` whose logs go to the state's runs, once per
+        call (after the call, without waiting for the device). Returns ``fun``'s
+        output only."""
+        spooled = lox_core.spool.spool(fun, **options)
+
+        def run(*args, **kwargs):
+            out, logs = spooled(*args, **kwargs)
+            self.log(state, logs)
+            return out
+
+        return run
+
+    def tap(self, fun: Callable, state: LoggerState, **options) -> Callable:
+        """`lox.tap(fun)` whose events stream to the state's runs as they happen
+        (under vmap, one host call per event for all seeds)."""
+        tapped = lox_core.tap.tap_with_context(fun, self._receive_event, wait=False, **options)
+
+        def run(*args, **kwargs):
+            self._check_open()
+            return tapped(state.run, *args, **kwargs)
+
+        return run
+
+    def log(self, state: LoggerState, logs: logdict) -> None:
+        """Write a logdict (e.g. spooled logs) to the state's runs; works inside
+        and outside jit, and under vmap (one host call for all seeds)."""
+        self._check_open()
+        if not isinstance(logs, logdict):
+            raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs), got {type(logs).__name__}.")
+        if not isinstance(state, LoggerState):
+            raise TypeError(f"`logger.log` takes the state returned by `logger.init`, got {type(state).__name__}.")
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((state, logs))):
+            host_call(self._receive_batch, state.run, logs)
+        else:
+            run = state.run
+            batch_shape = np.shape(run)
+            for key, value in logs.items():
+                for leaf in jax.tree_util.tree_leaves(value):
+                    if np.shape(leaf)[: len(batch_shape)] != batch_shape:
+                        raise ValueError(
+                            f"`logger.log`: the state holds runs of shape {batch_shape} (one per seed), but "
+                            f"{key!r} has shape {np.shape(leaf)}; its leading axes must be the runs' "
+                            "(call `logger.log` inside the vmapped function, or vmap the spooled function)."
+                        )
+            # Device arrays go to the writer as they are: no transfer in this thread.
+            self._writer.submit(lambda: self._write_batch(len(batch_shape), run, logs))
+
+    def _receive_batch(self, batch_ndim: int, run, logs) -> None:
+        self._writer.submit(lambda: self._write_batch(batch_ndim, run, logs))
+
+    def _receive_event(self, event: logdict, run) -> None:
+        self._writer.submit(lambda: self._write_event(int(run), event))
+
+    # --- in the writer thread --------------------------------------------------------
+    def _write_batch(self, batch_ndim: int, run, logs: logdict) -> None:
+        run = np.asarray(run)
+        logs = jax.tree_util.tree_map(np.asarray, logs)
+        for index in np.ndindex(run.shape[:batch_ndim]):
+            part = jax.tree_util.tree_map(lambda x: x[index], logs) if batch_ndim else logs
+            info = self._runs[int(run[index])]
+            table = self._ordered_table(info, part)
+            for backend in self.backends:
+                backend.write_batch(info, table)
+
+    def _write_event(self, number: int, event: logdict) -> None:
+        info = self._runs[number]
+        self._check_steps(info, event)
+        for backend in self.backends:
+            backend.write_event(info, event)
+
+    def _ordered_table(self, run: hooks.RunInfo, logs: logdict):
+        import pyarrow.compute as pc
+
+        self._check_steps(run, logs)
+        table = logs.to_arrow(run=run.run_id)
+        primary = _primary_step(logs)
+        if primary is not None and table.num_rows:
+            # A stable sort: events of one step keep their program order.
+            table = table.take(pc.sort_indices(table, sort_keys=[(primary, "ascending")]))  # nulls last
+        return table
+
+    def _check_steps(self, run: hooks.RunInfo, logs: logdict) -> None:
+        primary = _primary_step(logs)
+        if primary is None:
+            return
+        for key, steps in logs.steps[primary].items():
+            steps = np.asarray(steps).reshape(-1)
+            steps = steps[steps != NO_STEP]
+            if steps.size == 0:
+                continue
+            last = self._last_steps.get((run.index, key))
+            seq = steps if last is None else np.concatenate([[last], steps])
+            backwards = np.flatnonzero(np.diff(seq) < 0)
+            if backwards.size and (run.index, key) not in self._warned:
+                self._warned.add((run.index, key))
+                i = backwards[0]
+                warnings.warn(
+                    f"lox: in run {run.name!r} the {primary} of {key!r} goes backwards ({seq[i]} then {seq[i + 1]}). "
+                    "lox sends each batch ordered by step, but trackers such as W&B drop rows whose step is "
+                    "below one already sent: log in step order, or use another step name for this key.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self._last_steps[(run.index, key)] = int(seq.max())
+
+    # --- ending ----------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything logged so far has reached the backends (and they
+        flushed it); raise what a backend raised."""
+        jax.effects_barrier()  # tapped events still on their way from the device
+        self._writer.submit(lambda: [b.flush() for b in self.backends])
+        self._writer.wait(self.timeout if timeout is None else timeout)
+
+    def finish(self, state: LoggerState, timeout: float | None = None) -> None:
+        """Close the state's runs (all seeds) after everything logged to them has
+        been written; raise what a backend raised. Call it outside jit."""
+        self._check_open()
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state)):
+            raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
+        jax.effects_barrier()
+        numbers = [int(n) for n in np.asarray(state.run).reshape(-1)]
+        with self._lock:
+            unknown = [n for n in numbers if n >= len(self._runs) or n < 0]
+            if unknown:
+                raise ValueError(f"`logger.finish` got run number {unknown[0]}, which this logger did not open.")
+            closing = [self._runs[n] for n in numbers if n in self._open]
+            self._open.difference_update(numbers)
+        for run in closing:
+            self._writer.submit(lambda run=run: [b.close_run(run) for b in self.backends])
+        self.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush and close every backend; the logger cannot be used afterwards."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._writer.submit(lambda: [b.close() for b in self.backends])
+        self._writer.wait(self.timeout if timeout is None else timeout)
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
+        self._writer.raise_errors()
+
+
+def _primary_step(logs: logdict) -> str | None:
+    """The step name rows are ordered by: ``step`` if present, else the first."""
+    names = list(logs.steps)
+    return "step" if "step" in names else (names[0] if names else None)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for logger in list(_live_loggers):
+        try:
+            logger.close()
+        except Exception as error:  # noqa: BLE001 - report, and flush the others
+            warnings.warn(f"lox: logger {logger.name!r} could not flush at exit: {error}", RuntimeWarning)
+
+
+# --- constructing loggers -----------------------------------------------------------------
+def from_config(config: str | None = None, *, name: str = "lox", timeout: float = DEFAULT_TIMEOUT) -> Logger:
+    """A Logger for a config string such as ``"console,parquet:runs"``.
+
+    Without `config`, the ``LOX_BACKENDS`` environment variable is used, and
+    without it ``parquet:lox-runs`` (the embedded default: Parquet files in
+    ``./lox-runs``). See `lox_backends.config` for the grammar.
+
+    >>> [type(b).__name__ for b in from_config("console,memory").backends]
+    ['ConsoleBackend', 'MemoryBackend']
+    """
+    if config is None:
+        config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
+    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout)
+
+
+def backend_logger(backend: str, target: str | None = None, *, name: str = "lox", **options) -> Logger:
+    """A Logger for one backend by name: ``backend_logger("parquet", "runs")``."""
+    config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
+    return Logger([registry.create(config)], name=name)
+
+
+def ConsoleLogger(**options) -> Logger:  # noqa: N802 - the name users know
+    """A Logger that shows the latest values of every run on the console."""
+    return backend_logger("console", None, **options)
+
+
+def SaveLogger(path: str | os.PathLike = "lox-runs", **options) -> Logger:  # noqa: N802
+    """A Logger that saves runs as Parquet files under `path` (read them back
+    with `lox.load(path)`)."""
+    return backend_logger("parquet", os.fspath(path), **options)
+
+
+def MultiLogger(*loggers: Logger, name: str = "lox") -> Logger:  # noqa: N802
+    """One Logger writing to the backends of all `loggers`."""
+    if not loggers or not all(isinstance(lg, Logger) for lg in loggers):
+        raise TypeError("`MultiLogger` takes one or more Loggers, e.g. MultiLogger(ConsoleLogger(), SaveLogger('runs')).")
+    backends: list[hooks.Backend] = [b for lg in loggers for b in lg.backends]
+    for lg in loggers:
+        lg._closed = True  # their backends now belong to the combined logger
+        _live_loggers.discard(lg)
+    return Logger(backends, name=name)

@@ -1,0 +1,623 @@
+"""Conversion between `logdict` and Apache Arrow tables (schema version 1).
+
+`to_arrow` turns a logdict into one long-form `pyarrow.Table` with one row per
+event of a key; `from_arrow` turns such a table (also one read back from a
+Parquet file, or several runs' tables concatenated) into a logdict again.
+
+Schema, version 1
+-----------------
+Columns, in this order:
+
+``run``: ``dictionary<int32, string>``
+    The ``run`` argument of `to_arrow` on every row; null when it is None.
+``key``: ``dictionary<int32, string>``, never null
+    The series the event belongs to: the key, or ``key/path`` for the leaves of
+    a pytree-valued key (below). The dictionary holds the series names in
+    logdict order; the rows of one series are contiguous and in event order.
+one column per step name: ``int64``, nullable
+    In the order the step names first appear in ``logs.steps``. The event's
+    step, or null where the event did not carry that step name
+    (:data:`lox.NO_STEP` on the logdict side, or the key has no steps of that
+    name at all).
+``value``: ``float64``, nullable
+    The event's value when it is a scalar of a dtype that float64 represents
+    exactly: bool, integers of at most 32 bits, floating types of at most 64
+    bits (float16, bfloat16 and the other narrow ``ml_dtypes`` types
+    included). Null otherwise.
+``dtype``: ``dictionary<int32, string>``
+    ``numpy.dtype(...).name`` of the series: ``"float32"``, ``"bfloat16"``,
+    ``"int64"``, ``"bool"``...
+``shape``: ``list<int32>``
+    The shape of one event: an empty list for scalars. Axes added by
+    `jax.vmap` come right after the event axis, so they are part of it.
+``data``: ``large_binary``, nullable
+    Exactly on the rows whose ``value`` is null (array-valued events, 64-bit
+    integer and complex scalars): the event's raw bytes, C order, native byte
+    order, ``prod(shape) * itemsize`` of them. Null on the rows with a
+    ``value``. `to_arrow` shares each series' own buffer (no copy), so this
+    column comes in one chunk per array-valued series.
+
+Schema metadata, JSON values:
+
+``lox.schema``
+    ``"1"``.
+``lox.step_dtypes``
+    Step name -> NumPy dtype name of those steps on the logdict side, so that
+    int32 steps come back int32.
+``lox.step_batch_ndim``
+    Series name -> k, for the series whose steps have the shape
+    ``(events, *shape[:k])`` (steps logged under `jax.vmap`). Such steps must
+    be equal along those k axes; they come back broadcast over them.
+``lox.empty_series``
+    Series name -> ``{"position": int, "dtype": str, "shape": [int],
+    "steps": [str]}`` for the series with no events, which have no rows: they
+    come back with zero events, at that position among the series, with those
+    step names.
+
+Reading
+-------
+`from_arrow` reads any table with the six columns ``run``, ``key``,
+``value``, ``dtype``, ``shape`` and ``data``; every other column is a step
+column (any integer type). String columns may be dictionaries with any index
+type or plain strings, ``data`` binary or large_binary, ``shape`` list or
+large_list, every column in any number of chunks, as other tools and Parquet
+readers hand them back. Keys come back in order of first appearance and the
+rows of one key in table order, also when keys are interleaved. A key whose
+step column is null on all of its rows has no steps of that name; elsewhere a
+null step becomes :data:`lox.NO_STEP`. Without the metadata (a file written
+by another tool), steps come back int64 and one per event, and series
+without events do not come back.
+
+What round-trips: everything, exactly, but for these.
+
+* A pytree-valued key becomes one series per leaf, named ``key/path``: dict
+  keys, sequence indices and attribute names joined by ``/``, e.g.
+  ``{"grad": {"w": ..., "b": [...]}}`` gives ``grad/b/0`` and ``grad/w``. They
+  come back flattened under those names. (A key ``"grad/w"`` beside it would
+  give the same name: `to_arrow` refuses that.)
+* A NaN in the ``value`` column comes back a NaN of the same sign, but not
+  always with its payload bits (bfloat16 NaNs come back canonical, signalling
+  NaNs quiet). Values in ``data`` come back bit for bit.
+* A key whose steps of a name are all :data:`lox.NO_STEP` comes back without
+  that step name. Steps of one name with different integer dtypes for
+  different keys come back with their common dtype.
+
+>>> import numpy as np, lox
+>>> logs = lox.logdict(
+...     {"loss": np.array([0.5, 0.25], np.float32), "w": np.zeros((2, 3), np.int8)},
+...     steps={"step": {"loss": np.array([10, 20])}},
+... )
+>>> table = to_arrow(logs, run="seed0")
+>>> table.column_names
+['run', 'key', 'step', 'value', 'dtype', 'shape', 'data']
+>>> table.column("step").to_pylist(), table.column("value").to_pylist()
+([10, 20, None, None], [0.5, 0.25, None, None])
+>>> table.column("shape").to_pylist(), table.column("data").to_pylist()[2]
+([[], [], [3], [3]], b'\\x00\\x00\\x00')
+>>> back = from_arrow(table)
+>>> back["w"].shape, back.step["loss"].tolist(), "w" in back.step
+((2, 3), [10, 20], False)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import jax
+import ml_dtypes
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lox_core.logdict import NO_STEP, logdict
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+SCHEMA_VERSION = "1"
+RESERVED = ("run", "key", "value", "dtype", "shape", "data")
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+# --- logdict -> Arrow ---------------------------------------------------------------------
+def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
+    """`logs` as an Arrow table of schema version 1 (see the module docstring).
+
+    `run` names the run on every row (null when None), so that the tables of
+    several runs can be concatenated and told apart by `from_arrow`.
+    """
+    if run is not None and not isinstance(run, str):
+        raise TypeError(f"`run` must be a string or None, got {type(run).__name__}.")
+    step_names = list(logs.steps)
+    for name in step_names:
+        if name in RESERVED:
+            raise ValueError(
+                f"step name {name!r} is a column of the lox Arrow schema ({', '.join(RESERVED)}); "
+                f"rename the step, e.g. `lox.log(..., {name}_step=...)`."
+            )
+    series = _series(logs)
+    counts = np.array([len(s.values) for s in series], np.int64)
+    bounds = np.concatenate([[0], np.cumsum(counts)])  # each series' rows
+    total = int(bounds[-1])
+    step_dtypes = _step_dtypes(series, step_names)
+
+    columns: dict[str, Any] = {
+        "run": _run_column(run, total),
+        "key": _dict_column([s.name for s in series], list(range(len(series))), bounds),
+    }
+    for name in step_names:
+        columns[name] = _step_column(series, name, bounds)
+    columns["value"] = _value_column(series, bounds)
+    dtype_names = list(dict.fromkeys(s.values.dtype.name for s in series))
+    columns["dtype"] = _dict_column(dtype_names, [dtype_names.index(s.values.dtype.name) for s in series], bounds)
+    columns["shape"] = _shape_column(series, bounds)
+    columns["data"] = _data_column(series)
+
+    metadata = {
+        "lox.schema": SCHEMA_VERSION,
+        "lox.step_dtypes": json.dumps(step_dtypes),
+        "lox.step_batch_ndim": json.dumps({s.name: s.batch_ndim for s in series if s.batch_ndim}),
+        "lox.empty_series": json.dumps(
+            {
+                s.name: {"position": i, "dtype": s.values.dtype.name, "shape": list(s.values.shape[1:]),
+                         "steps": list(s.steps)}
+                for i, s in enumerate(series) if len(s.values) == 0
+            }
+        ),
+    }
+    types = {"run": _DICT, "key": _DICT, "value": pa.float64(), "dtype": _DICT,
+             "shape": pa.list_(pa.int32()), "data": pa.large_binary()}
+    schema = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
+                       metadata=metadata)
+    return pa.Table.from_arrays(list(columns.values()), schema=schema)
+
+
+class _Series:
+    """One array leaf of a key, on the host, with the key's steps (one per event)."""
+
+    __slots__ = ("name", "values", "steps", "batch_ndim")
+
+    def __init__(self, name: str, values: np.ndarray, steps: dict[str, np.ndarray], batch_ndim: int):
+        self.name, self.values, self.steps, self.batch_ndim = name, values, steps, batch_ndim
+
+
+def _series(logs: logdict) -> list[_Series]:
+    out: list[_Series] = []
+    seen: dict[str, str] = {}
+    for key, value in logs.items():
+        steps = {name: np.asarray(per_key[key]) for name, per_key in logs.steps.items() if key in per_key}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            name = "/".join([key, *(_path_part(p) for p in path)])
+            if name in seen:
+                raise ValueError(
+                    f"key {key!r} and key {seen[name]!r} both give a series named {name!r} "
+                    "(pytree leaves are named key/path); rename one of the keys."
+                )
+            seen[name] = key
+            values = _host(name, leaf)
+            batch_ndim = _batch_ndim(name, values, steps)
+            out.append(_Series(name, values, {n: _step_per_event(name, n, s) for n, s in steps.items()}, batch_ndim))
+    return out
+
+
+def _path_part(entry) -> str:
+    tu = jax.tree_util
+    if isinstance(entry, tu.DictKey):
+        return str(entry.key)
+    if isinstance(entry, tu.SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, tu.GetAttrKey):
+        return entry.name
+    if isinstance(entry, tu.FlattenedIndexKey):
+        return str(entry.key)
+    return str(entry)
+
+
+def _host(name: str, leaf) -> np.ndarray:
+    values = np.asarray(leaf)  # once per series: a device array comes over in one transfer
+    if values.ndim == 0:
+        raise ValueError(f"series {name!r} has no event axis (shape ()); a logdict series is (events, ...).")
+    if not _storable(values.dtype):
+        raise TypeError(f"series {name!r} has dtype {values.dtype}, which the lox Arrow schema cannot store.")
+    if not values.dtype.isnative:
+        values = values.astype(values.dtype.newbyteorder("="))
+    return values
+
+
+def _batch_ndim(name: str, values: np.ndarray, steps: dict[str, np.ndarray]) -> int:
+    ndims = {s.ndim - 1 for s in steps.values()}
+    if len(ndims) > 1:
+        raise ValueError(f"the step arrays of series {name!r} have different numbers of axes: {sorted(ndims)}.")
+    k = ndims.pop() if ndims else 0
+    for step_name, s in steps.items():
+        if s.shape[:1] != values.shape[:1] or s.shape[1:] != values.shape[1 : 1 + k]:
+            raise ValueError(
+                f"steps {step_name!r} of series {name!r} have shape {s.shape}, which does not match the "
+                f"series' shape {values.shape}: steps are (events,) or (events, *batch axes)."
+            )
+    return k
+
+
+def _step_per_event(name: str, step_name: str, s: np.ndarray) -> np.ndarray:
+    if s.dtype.kind not in "iu":
+        raise TypeError(f"steps {step_name!r} of series {name!r} have dtype {s.dtype}; steps must be integers.")
+    if s.ndim > 1:
+        # Steps logged under vmap are broadcast over the batch axes: keep one per event.
+        flat = s.reshape(s.shape[0], -1)
+        if flat.shape[1] == 0:
+            return np.full(s.shape[0], NO_STEP, s.dtype)
+        if not (flat == flat[:, :1]).all():
+            raise ValueError(
+                f"steps {step_name!r} of series {name!r} differ along the axes after the event axis (shape "
+                f"{s.shape}); the Arrow schema holds one step per event. If the leading axis is a vmap batch "
+                "axis (`jax.vmap(lox.spool(f))`), convert each batch element: `logs.map_series(lambda x: x[i])`."
+            )
+        s = flat[:, 0]
+    if s.dtype == np.uint64 and s.size and s.max() > _INT64_MAX:
+        raise ValueError(f"steps {step_name!r} of series {name!r} exceed the int64 range of the step column.")
+    return s
+
+
+def _step_dtypes(series: list[_Series], step_names: list[str]) -> dict[str, str]:
+    out = {}
+    for name in step_names:
+        dtypes = {s.steps[name].dtype for s in series if name in s.steps}
+        if dtypes:
+            common = np.result_type(*dtypes)  # uint64 with a signed dtype has none among the integers
+            out[name] = common.name if common.kind in "iu" else "int64"
+    return out
+
+
+def _run_column(run: str | None, total: int) -> pa.Array:
+    if run is None:
+        return pa.DictionaryArray.from_arrays(pa.nulls(total, pa.int32()), pa.array([], pa.string()))
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(total, np.int32)), pa.array([run], pa.string()))
+
+
+def _dict_column(names: list[str], index: list[int], bounds: np.ndarray) -> pa.Array:
+    """A dictionary column whose rows of series i all hold ``names[index[i]]``."""
+    indices = np.zeros(bounds[-1], np.int32)  # fresh zero pages: nearly free when one name fills the column
+    for i, a, b in zip(index, bounds[:-1], bounds[1:]):
+        if i:
+            indices[a:b] = i  # a fill per series: cheaper than np.repeat
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(names, pa.string()))
+
+
+def _step_column(series: list[_Series], name: str, bounds: np.ndarray) -> pa.Array:
+    # Written in place, series by series: no per-series temporaries to concatenate.
+    values = np.zeros(bounds[-1], np.int64)
+    nulls = np.ones(bounds[-1], bool)
+    for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+        if name in s.steps:
+            values[a:b] = s.steps[name]
+            np.equal(s.steps[name], NO_STEP, out=nulls[a:b])
+    return _nullable(values, nulls, pa.int64())
+
+
+def _value_column(series: list[_Series], bounds: np.ndarray) -> pa.Array:
+    values = np.zeros(bounds[-1], np.float64)
+    nulls = np.zeros(bounds[-1], bool)
+    with np.errstate(invalid="ignore"):  # signalling NaNs become quiet: documented
+        for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+            if _has_value(s):
+                values[a:b] = s.values
+            else:
+                nulls[a:b] = True
+    return _nullable(values, nulls, pa.float64())
+
+
+def _has_value(s: _Series) -> bool:
+    return s.values.ndim == 1 and _exact_in_float64(s.values.dtype)
+
+
+def _nullable(values: np.ndarray, nulls: np.ndarray, type: pa.DataType) -> pa.Array:
+    # No validity bitmap at all when nothing is null: consumers skip the null checks.
+    return pa.array(values, type, mask=nulls if nulls.any() else None)
+
+
+def _shape_column(series: list[_Series], bounds: np.ndarray) -> pa.Array:
+    if sum((s.values.ndim - 1) * len(s.values) for s in series) > np.iinfo(np.int32).max:
+        raise ValueError("the events' shapes hold more than 2**31 - 1 dimensions in all; convert fewer events at once.")
+    offsets = np.zeros(bounds[-1] + 1, np.int32)
+    dims, used = [], 0
+    for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+        ndim = s.values.ndim - 1
+        if ndim:
+            offsets[a + 1 : b + 1] = used + ndim * np.arange(1, b - a + 1, dtype=np.int64)
+            dims.append(np.tile(np.array(s.values.shape[1:], np.int32), b - a))
+            used += ndim * (b - a)
+        else:  # scalars: empty lists, flat offsets
+            offsets[a + 1 : b + 1] = used
+    return pa.ListArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(np.concatenate(dims) if dims else np.zeros(0, np.int32), pa.int32())
+    )
+
+
+def _data_column(series: list[_Series]) -> pa.ChunkedArray:
+    # One chunk per array-valued series, zero-copy; one null chunk per run of scalar series.
+    chunks, nulls = [], 0
+    for s in series:
+        if _has_value(s):
+            nulls += len(s.values)
+            continue
+        if nulls:
+            chunks.append(pa.nulls(nulls, pa.large_binary()))
+            nulls = 0
+        chunks.append(_data_chunk(s.values))
+    if nulls:
+        chunks.append(pa.nulls(nulls, pa.large_binary()))
+    return pa.chunked_array(chunks, pa.large_binary())
+
+
+def _data_chunk(values: np.ndarray) -> pa.Array:
+    # The series' own buffer, cut into events by offsets.
+    n = len(values)
+    contiguous = np.ascontiguousarray(values)
+    nbytes = contiguous.nbytes // n if n else 0
+    offsets = np.arange(n + 1, dtype=np.int64) * nbytes
+    return pa.Array.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(contiguous.reshape(-1).view(np.uint8))],
+        null_count=0,
+    )
+
+
+def _exact_in_float64(dtype: np.dtype) -> bool:
+    if dtype == np.bool_:
+        return True
+    if dtype.kind in "iu":
+        return dtype.itemsize <= 4
+    if dtype.kind == "f":
+        return dtype.itemsize <= 8  # not long double
+    if dtype.kind != "V":
+        return False  # complex, datetime...
+    # bfloat16, float8_*, int4... are opaque ("V") to NumPy; all are at most 16 bits wide.
+    for info in (ml_dtypes.finfo, ml_dtypes.iinfo):
+        try:
+            return info(dtype).bits <= 32
+        except (ValueError, TypeError):
+            pass
+    return False
+
+
+def _storable(dtype: np.dtype) -> bool:
+    """Whether the dtype's name alone gives the dtype back (not objects, strings, records)."""
+    if dtype.kind == "O":
+        return False
+    try:
+        return _dtype(dtype.name) == dtype.newbyteorder("=")
+    except TypeError:
+        return False
+
+
+def _dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    dtype = getattr(ml_dtypes, name, None)
+    if dtype is None:
+        raise TypeError(f"unknown dtype {name!r} in the dtype column; NumPy and ml_dtypes do not define it.")
+    return np.dtype(dtype)
+
+
+# --- Arrow -> logdict ---------------------------------------------------------------------
+def from_arrow(table: pa.Table, run: str | None = None) -> logdict:
+    """The logdict of NumPy arrays that a table of schema version 1 holds.
+
+    The table may come from `to_arrow`, a Parquet file, or several runs'
+    tables concatenated: then pass ``run=`` to choose one run.
+    """
+    missing = [c for c in RESERVED if c not in table.column_names]
+    if missing:
+        raise ValueError(
+            f"the table lacks the column(s) {', '.join(map(repr, missing))} of the lox Arrow schema; "
+            "it must have run, key, value, dtype, shape and data (see lox_core.arrow)."
+        )
+    meta = _metadata(table)
+    if meta.get("lox.schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ValueError(
+            f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version {SCHEMA_VERSION}. "
+            "Upgrade lox."
+        )
+    step_dtypes = _json(meta, "lox.step_dtypes")
+    batch_ndims = _json(meta, "lox.step_batch_ndim")
+    step_names = [c for c in table.column_names if c not in RESERVED]
+    for name in step_names:
+        if not pa.types.is_integer(table.schema.field(name).type):
+            raise TypeError(f"step column {name!r} has type {table.schema.field(name).type}; steps must be integers.")
+
+    table = _select_run(table, run)
+    keys, starts, counts, table = _group_by_key(table)
+    columns = _Columns(table, step_names)
+    data: dict[str, np.ndarray] = {}
+    steps: dict[str, dict[str, np.ndarray]] = {name: {} for name in step_names}
+    for key, start, count in zip(keys, starts, counts):
+        dtype, shape = columns.dtype_and_shape(key, start, count)
+        data[key] = columns.values(key, start, count, dtype, shape)
+        k = int(batch_ndims.get(key, 0))
+        for name in step_names:
+            s = columns.steps(name, start, count)
+            if s is not None:
+                steps[name][key] = _broadcast(s.astype(step_dtypes.get(name, "int64")), shape[:k])
+
+    for key, info in sorted(_json(meta, "lox.empty_series").items(), key=lambda kv: kv[1]["position"]):
+        if key in data:
+            continue
+        shape = tuple(info["shape"])
+        k = int(batch_ndims.get(key, 0))
+        data = _insert(data, int(info["position"]), key, np.zeros((0, *shape), _dtype(info["dtype"])))
+        for name in info["steps"]:
+            steps.setdefault(name, {})[key] = np.zeros((0, *shape[:k]), step_dtypes.get(name, "int64"))
+    # Step dicts follow the key order, as in a logdict built by lox.
+    order = {key: i for i, key in enumerate(data)}
+    steps = {name: dict(sorted(per_key.items(), key=lambda kv: order[kv[0]])) for name, per_key in steps.items()}
+    return logdict(data, steps)
+
+
+def _metadata(table: pa.Table) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+
+
+def _json(meta: Mapping[str, str], name: str) -> dict:
+    return json.loads(meta[name]) if name in meta else {}
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """Integer codes (-1 for null) and the names they index, for a string or dictionary column."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = pc.dictionary_encode(array)  # Parquet readers may hand back plain strings
+    names = array.dictionary.to_pylist()
+    # A dictionary may repeat a name (chunks concatenated): one code per distinct name.
+    canon: dict[str, int] = {}
+    remap = np.array([canon.setdefault(n, len(canon)) for n in names] + [-1], np.int64)
+    if array.null_count == 0 and len(canon) == len(names):
+        return array.indices.to_numpy(), names  # the indices are the codes: zero-copy
+    indices = pc.fill_null(array.indices.cast(pa.int64()), -1).to_numpy(zero_copy_only=False)  # uint32 from polars
+    return remap[indices], list(canon)
+
+
+def _select_run(table: pa.Table, run: str | None) -> pa.Table:
+    if table.num_rows == 0:
+        return table  # no rows to choose from: any run of it has no events
+    if table.column("run").null_count == table.num_rows:
+        codes, runs = None, [None]
+    else:
+        codes, names = _codes(table.column("run"))
+        present = np.flatnonzero(np.bincount(codes + 1, minlength=len(names) + 1)) - 1  # O(rows), no sort
+        runs = [names[c] if c >= 0 else None for c in present]
+    if run is None:
+        if len(runs) > 1:
+            shown = ", ".join(map(repr, runs[:5])) + (", ..." if len(runs) > 5 else "")
+            raise ValueError(
+                f"the table holds {len(runs)} runs ({shown}); pass run= to choose one, "
+                f"e.g. from_arrow(table, run={next(r for r in runs if r is not None)!r})."
+            )
+        return table
+    if run not in runs:
+        known = ", ".join(repr(r) for r in runs[:5]) + (", ..." if len(runs) > 5 else "")
+        raise ValueError(f"no run {run!r} in the table; its runs are: {known}.")
+    if len(runs) == 1:
+        return table
+    return table.filter(pa.array(codes == names.index(run)))
+
+
+def _group_by_key(table: pa.Table):
+    """Keys in order of first appearance, and where each one's rows lie once grouped."""
+    if table.column("key").null_count:
+        raise ValueError("the key column has nulls; every row of the lox Arrow schema names its key.")
+    codes, names = _codes(table.column("key"))
+    n = len(codes)
+    if n == 0:
+        return [], [], [], table
+    run_starts = np.flatnonzero(np.concatenate([[True], codes[1:] != codes[:-1]]))
+    run_codes = codes[run_starts]
+    present, first = np.unique(run_codes, return_index=True)
+    order = present[np.argsort(first)]
+    if len(run_codes) == len(present):
+        # Every key's rows are contiguous already (as to_arrow writes them): slice in place.
+        ends = np.append(run_starts[1:], n)
+        return [names[c] for c in run_codes], run_starts, ends - run_starts, table
+    # Interleaved keys: one stable sort groups them and keeps table order within a key.
+    perm = np.argsort(codes, kind="stable")
+    table = table.take(pa.array(perm))
+    counts = np.bincount(codes, minlength=len(names))
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return [names[c] for c in order], offsets[order], counts[order], table
+
+
+class _Columns:
+    """The columns of one run's table, decoded once and read key by key."""
+
+    def __init__(self, table: pa.Table, step_names: list[str]):
+        self.dtype_codes, self.dtype_names = _codes(table.column("dtype"))
+        shape = table.column("shape").combine_chunks()
+        if shape.null_count:
+            raise ValueError("the shape column has nulls; every row of the lox Arrow schema has a shape.")
+        self.shape_offsets = shape.offsets.to_numpy()
+        self.shape_dims = shape.values.to_numpy(zero_copy_only=False)
+        value = table.column("value").combine_chunks()
+        self.value = value.to_numpy(zero_copy_only=False)
+        self.value_valid = _validity(value)
+        self.data = table.column("data")
+        self.step = {}
+        for name in step_names:
+            column = table.column(name).combine_chunks().cast(pa.int64())
+            filled = pc.fill_null(column, NO_STEP) if column.null_count else column
+            self.step[name] = (filled.to_numpy(), _validity(column))
+
+    def dtype_and_shape(self, key: str, start: int, count: int) -> tuple[np.dtype, tuple[int, ...]]:
+        codes = self.dtype_codes[start : start + count]
+        if (codes != codes[0]).any() or codes[0] < 0:
+            raise ValueError(f"the rows of key {key!r} have different or null dtypes; a key keeps one dtype.")
+        offsets = self.shape_offsets[start : start + count + 1]
+        if offsets[0] == offsets[-1]:  # scalars: no dimension on any row
+            return _dtype(self.dtype_names[codes[0]]), ()
+        ndim = offsets[1] - offsets[0]
+        dims = self.shape_dims[offsets[0] : offsets[-1]]
+        if (np.diff(offsets) != ndim).any() or (dims.reshape(count, ndim) != dims[:ndim]).any():
+            raise ValueError(f"the rows of key {key!r} have different shapes; a key keeps one shape.")
+        return _dtype(self.dtype_names[codes[0]]), tuple(int(d) for d in dims[:ndim])
+
+    def values(self, key: str, start: int, count: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        valid = self.value_valid
+        if _all(valid, start, count):
+            if math.prod(shape) != 1:
+                raise ValueError(f"key {key!r} has a value column for events of shape {shape}; only scalars do.")
+            with np.errstate(invalid="ignore"):
+                return self.value[start : start + count].astype(dtype).reshape(count, *shape)
+        if _any(valid, start, count):
+            raise ValueError(f"the rows of key {key!r} mix value and data; a key uses one of them on all its rows.")
+        data = self.data.slice(start, count).combine_chunks()  # zero-copy within one chunk
+        if data.null_count:
+            raise ValueError(f"rows of key {key!r} have neither value nor data.")
+        if not pa.types.is_large_binary(data.type):
+            data = data.cast(pa.large_binary())  # binary from other writers
+        _, offsets_buf, bytes_buf = data.buffers()
+        offsets = np.frombuffer(offsets_buf, np.int64, count + 1, data.offset * 8)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if (np.diff(offsets) != nbytes).any():
+            raise ValueError(
+                f"the data of key {key!r} does not hold {nbytes} bytes per event ({dtype.name}{list(shape)})."
+            )
+        if nbytes == 0 or count == 0:
+            return np.zeros((count, *shape), dtype)
+        raw = np.frombuffer(bytes_buf, np.uint8, count * nbytes, int(offsets[0]))
+        # A copy: writable, aligned, and it does not keep the whole table alive.
+        return raw.copy().view(dtype).reshape(count, *shape)
+
+    def steps(self, name: str, start: int, count: int) -> np.ndarray | None:
+        values, valid = self.step[name]
+        if not _any(valid, start, count):
+            return None
+        return values[start : start + count]
+
+
+def _validity(array: pa.Array) -> np.ndarray | bool:
+    """Which rows are valid: one bool when all rows agree (the usual case), else an array."""
+    if array.null_count in (0, len(array)):
+        return array.null_count == 0
+    return array.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _all(valid: np.ndarray | bool, start: int, count: int) -> bool:
+    return valid if isinstance(valid, bool) else bool(valid[start : start + count].all())
+
+
+def _any(valid: np.ndarray | bool, start: int, count: int) -> bool:
+    return valid if isinstance(valid, bool) else bool(valid[start : start + count].any())
+
+
+def _broadcast(steps: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    if not batch:
+        return steps
+    return np.ascontiguousarray(np.broadcast_to(steps.reshape(-1, *(1,) * len(batch)), (len(steps), *batch)))
+
+
+def _insert(data: dict, position: int, key: str, value) -> dict:
+    items = list(data.items())
+    items.insert(min(position, len(items)), (key, value))
+    return dict(items)

@@ -1,0 +1,102 @@
+"""lox-jsonl: a lox backend that writes each run as a JSON Lines file.
+
+``lox.loggers.from_config("jsonl:logs")`` writes run R to ``logs/R.jsonl``: a
+first line with the run, then one JSON object per logged event, in the order
+the events arrive (the rows of a spooled batch are ordered by step)::
+
+    {"run_id": "lox-20250101-120000-a1b2c3-0", "name": "lox-0", "group": "lox-20250101-120000-a1b2c3", "index": 0, "metadata": {"lr": 0.1, "key": [0, 0]}}
+    {"key": "loss", "steps": {"step": 0}, "value": 0.25}
+    {"key": "w", "steps": {"step": 0}, "value": [0.5, -1.0, 2.0]}
+
+Scalars are written as the table's float64 ``value``; arrays (and 64-bit
+integer scalars) as nested lists; complex numbers as strings. Keys are only
+ever written inside the files, never used in a path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from lox_backends import hooks
+
+# The columns of lox's Arrow schema; every other column holds one step name.
+NOT_STEPS = ("run", "key", "value", "dtype", "shape", "data")
+
+
+class JsonlBackend(hooks.Backend):
+    """Writes run R to ``TARGET/R.jsonl``; TARGET defaults to ``lox-jsonl``."""
+
+    def __init__(self, target=None, options=None):
+        super().__init__(target, options)
+        if self.options:
+            raise ValueError(f"the jsonl backend has no options (got {sorted(self.options)}); use 'jsonl:FOLDER'.")
+        self.folder = os.path.abspath(target or "lox-jsonl")  # a later os.chdir changes nothing
+        self.files = {}  # run_id -> the run's open file
+
+    def open_run(self, run: hooks.RunInfo) -> None:
+        """Create the run's file and write its first line."""
+        self._file(run)
+
+    def write_batch(self, run: hooks.RunInfo, table) -> None:
+        """One line per row of a spooled batch (a pyarrow.Table of one run)."""
+        step_names = [name for name in table.column_names if name not in NOT_STEPS]
+        file = self._file(run)
+        for row in table.to_pylist():
+            record = {
+                "key": row["key"],
+                "steps": {name: row[name] for name in step_names if row[name] is not None},
+                "value": row["value"] if row["data"] is None else _decode(row),
+            }
+            file.write(_dumps(record) + "\n")
+
+    def write_event(self, run: hooks.RunInfo, event) -> None:
+        """A tapped event (a one-event logdict): the same lines as a batch."""
+        self.write_batch(run, event.to_arrow(run=run.run_id))
+
+    def flush(self) -> None:
+        """Hand everything written so far to the operating system."""
+        for file in self.files.values():
+            file.flush()
+
+    def close_run(self, run: hooks.RunInfo) -> None:
+        """The run has finished: close its file."""
+        file = self.files.pop(run.run_id, None)
+        if file is not None:
+            file.close()
+
+    def close(self) -> None:
+        """Close the files of runs that were never finished."""
+        while self.files:
+            self.files.popitem()[1].close()
+
+    def _file(self, run: hooks.RunInfo):
+        """The run's open file; opening it writes the run's line first."""
+        if run.run_id not in self.files:
+            name = f"{run.run_id}.jsonl"
+            if os.path.basename(name) != name or name.startswith("."):
+                raise ValueError(f"run id {run.run_id!r} cannot be a file name.")
+            os.makedirs(self.folder, exist_ok=True)
+            file = open(os.path.join(self.folder, name), "a", encoding="utf-8")
+            info = {"run_id": run.run_id, "name": run.name, "group": run.group, "index": run.index}
+            file.write(_dumps({**info, "metadata": run.metadata}) + "\n")
+            self.files[run.run_id] = file
+        return self.files[run.run_id]
+
+
+def _decode(row):
+    """The event of a row without a ``value``, from its raw bytes, as nested lists."""
+    import ml_dtypes  # noqa: F401 - lets NumPy find bfloat16 & co. by name
+    import numpy as np
+
+    return np.frombuffer(row["data"], np.dtype(row["dtype"])).reshape(row["shape"]).tolist()
+
+
+def _dumps(record):
+    return json.dumps(record, default=str)  # complex numbers (and odd metadata) as strings
+
+
+@hooks.hookimpl
+def lox_backends():
+    """The backends this plugin offers; lox asks once, when it first needs a backend."""
+    return [hooks.BackendSpec("jsonl", JsonlBackend, description="one JSON Lines file per run (jsonl:DIR)")]

@@ -1,0 +1,349 @@
+"""`logdict` <-> Arrow: exact round trips (also through Parquet), the schema, and its errors."""
+
+import collections
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lox
+from lox_core.arrow import RESERVED, from_arrow, to_arrow
+
+DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
+          np.complex64]
+SHAPES = [(), (3,), (2, 2)]
+ODD_KEYS = ["loss", "../../x", "a/b", "ünïcødé λ", "", " ", "🙂", "key\nwith newline"]
+STEP_NAMES = ["step", "epoch", "ép/och"]
+
+
+# --- strategies and comparison ----------------------------------------------------------------
+@st.composite
+def logdicts(draw):
+    keys = draw(st.lists(st.one_of(st.sampled_from(ODD_KEYS), st.text(max_size=6)), min_size=1, max_size=4,
+                         unique=True))
+    names = draw(st.lists(st.sampled_from(STEP_NAMES), unique=True, max_size=2))
+    step_dtypes = {name: draw(st.sampled_from([np.int32, np.int64])) for name in names}
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    data, steps = {}, {}
+    for key in keys:
+        dtype, shape = np.dtype(draw(st.sampled_from(DTYPES))), draw(st.sampled_from(SHAPES))
+        n = draw(st.integers(0, 50))
+        if dtype == np.bool_:
+            data[key] = rng.integers(0, 2, (n, *shape)).astype(bool)
+        else:  # every bit pattern: full integer ranges, NaNs, infinities, subnormals
+            raw = rng.integers(0, 256, n * int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+            data[key] = raw.view(dtype).reshape(n, *shape)
+        for name in names:
+            if draw(st.booleans()):
+                s = rng.integers(-5, 1_000, n).astype(step_dtypes[name])
+                s[rng.random(n) < 0.3] = lox.NO_STEP
+                if n:
+                    s[rng.integers(n)] = 7  # a key whose steps are all NO_STEP has no such steps
+                steps.setdefault(name, {})[key] = s
+    return lox.logdict(data, steps)
+
+
+def _through_float64(dtype):
+    return dtype.kind == "f" or dtype == ml_dtypes.bfloat16
+
+
+def assert_same_bits(x, y, scalar):
+    assert x.dtype == y.dtype and x.shape == y.shape
+    u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+    if x.dtype.itemsize in u:
+        xb, yb = x.view(u[x.dtype.itemsize]), y.view(u[y.dtype.itemsize])
+    else:  # complex64: compare its two float32 halves
+        xb, yb = x.view(np.uint32), y.view(np.uint32)
+    if scalar and _through_float64(x.dtype):
+        # The value column is float64: a NaN keeps its sign but not necessarily its payload.
+        with np.errstate(invalid="ignore"):  # signalling NaNs
+            x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        nan = np.isnan(x64)
+        np.testing.assert_array_equal(xb[~nan], yb[~nan])
+        assert np.isnan(y64[nan]).all()
+        np.testing.assert_array_equal(np.signbit(x64), np.signbit(y64))
+    else:
+        np.testing.assert_array_equal(xb, yb)
+
+
+def assert_same_logs(a, b):
+    assert list(a) == list(b)
+    for key in a:
+        x, y = np.asarray(a[key]), np.asarray(b[key])
+        assert isinstance(b[key], np.ndarray)
+        assert_same_bits(x, y, scalar=x.ndim == 1)
+        assert a.step_names(key) == b.step_names(key)
+        for name in a.step_names(key):
+            sa, sb = np.asarray(a.steps[name][key]), np.asarray(b.steps[name][key])
+            assert sa.dtype == sb.dtype and sa.shape == sb.shape
+            np.testing.assert_array_equal(sa, sb)
+    assert list(a.steps) == list(b.steps)
+
+
+# --- round trips ------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(logdicts(), st.sampled_from([None, "run-0", "ü"]))
+def test_round_trip_is_exact(logs, run):
+    table = to_arrow(logs, run=run)
+    assert table.num_rows == sum(len(v) for v in logs.values())
+    assert_same_logs(logs, from_arrow(table))
+    assert_same_logs(logs, from_arrow(table, run=run))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logdicts(), st.sampled_from([None, 7]))
+def test_round_trip_through_parquet_is_exact(tmp_path, logs, row_group_size):
+    path = tmp_path / "logs.parquet"
+    # Small row groups: the columns come back in many chunks, with one dictionary per chunk.
+    pq.write_table(to_arrow(logs, run="r"), path, row_group_size=row_group_size)
+    assert_same_logs(logs, from_arrow(pq.read_table(path)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(logdicts())
+def test_plain_string_columns_interleaved_rows_and_chunks_read_back(logs):
+    table = to_arrow(logs, run="r")
+    # What other writers hand back: strings instead of dictionaries, binary instead of
+    # large_binary, keys interleaved (each key's rows still in order), many chunks.
+    keys = table.column("key").combine_chunks().indices.to_numpy()
+    within = np.zeros(len(keys), np.int64)
+    for code in np.unique(keys):
+        within[keys == code] = np.arange((keys == code).sum())
+    table = table.take(pa.array(np.lexsort((keys, within))))
+    for name in ("run", "key", "dtype"):
+        table = table.set_column(table.column_names.index(name), name, pc.cast(table.column(name), pa.string()))
+    table = table.set_column(table.column_names.index("data"), "data", pc.cast(table.column("data"), pa.binary()))
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=5), table.schema)
+    assert_same_logs(logs, from_arrow(table))
+
+
+def test_empty_logdict_and_empty_series_round_trip():
+    empty = lox.logdict()
+    assert to_arrow(empty).num_rows == 0
+    assert_same_logs(empty, from_arrow(to_arrow(empty)))
+    logs = lox.logdict(
+        {"a": np.zeros((0, 3), np.float32), "b": np.arange(2.0), "c": np.zeros(0, np.int8)},
+        steps={"step": {"a": np.zeros(0, np.int32), "b": np.array([4, 5], np.int32)}},
+    )
+    assert_same_logs(logs, from_arrow(to_arrow(logs)))
+
+
+def test_spooled_logs_round_trip():
+    def train(xs):
+        def body(loss, i):
+            lox.log({"loss": loss, "v": jnp.stack([loss, -loss, 2 * loss])}, step=i)
+            return loss * 0.5, None
+
+        return jax.lax.scan(body, 1.0, xs)[0]
+
+    _, logs = lox.spool(train)(jnp.arange(6))
+    assert isinstance(logs["loss"], jax.Array)
+    table = logs.to_arrow(run="train")
+    back = lox.logdict.from_arrow(table)
+    assert_same_logs(logs, back)
+    assert back["loss"].tolist() == [1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125]
+    assert back.step["v"].dtype == np.int32 and back.step["v"].tolist() == list(range(6))
+
+
+def test_steps_broadcast_over_vmap_axes_round_trip():
+    def train(x):
+        def body(c, i):
+            lox.log({"loss": c * x, "w": jnp.full(2, c)}, step=i)
+            return c + 1.0, None
+
+        return jax.lax.scan(body, 0.0, jnp.arange(4))[0]
+
+    _, logs = lox.spool(jax.vmap(train))(jnp.arange(3.0))
+    assert logs["loss"].shape == (4, 3) and logs.step["loss"].shape == (4, 3)
+    table = to_arrow(logs)
+    assert table.column("step").to_pylist() == [0, 1, 2, 3] * 2
+    assert json.loads(table.schema.metadata[b"lox.step_batch_ndim"]) == {"loss": 1, "w": 1}
+    assert_same_logs(logs, from_arrow(table))
+
+
+def test_several_runs_concatenated_and_chosen():
+    a = lox.logdict({"loss": np.array([1.0, 2.0])}, steps={"step": {"loss": np.array([0, 1])}})
+    b = lox.logdict({"loss": np.array([3.0])}, steps={"step": {"loss": np.array([9])}})
+    table = pa.concat_tables([to_arrow(a, run="a"), to_arrow(b, run="b")])
+    assert_same_logs(a, from_arrow(table, run="a"))
+    assert_same_logs(b, from_arrow(table, run="b"))
+
+
+def test_pytree_values_come_back_flattened_under_key_paths():
+    Pair = collections.namedtuple("Pair", ["lo", "hi"])
+    n = 3
+    grad = {"w": np.arange(n * 2, dtype=np.float32).reshape(n, 2), "b": [np.arange(n), np.ones(n, np.int8)]}
+    logs = lox.logdict(
+        {"grad": grad, "pair": Pair(np.zeros(n), np.ones(n)), "t": (np.arange(n, dtype=np.int16),)},
+        steps={"step": {"grad": np.array([5, 6, 7])}},
+    )
+    back = from_arrow(to_arrow(logs))
+    assert list(back) == ["grad/b/0", "grad/b/1", "grad/w", "pair/lo", "pair/hi", "t/0"]
+    for name, leaf in [("grad/b/0", grad["b"][0]), ("grad/b/1", grad["b"][1]), ("grad/w", grad["w"]),
+                       ("pair/lo", np.zeros(n)), ("pair/hi", np.ones(n)), ("t/0", np.arange(n, dtype=np.int16))]:
+        assert back[name].dtype == leaf.dtype
+        np.testing.assert_array_equal(back[name], leaf)
+    assert back.step_names("grad/w") == ["step"] and back.step["grad/b/1"].tolist() == [5, 6, 7]
+    assert back.step_names("pair/lo") == []
+
+
+# --- schema -----------------------------------------------------------------------------------
+def test_schema_columns_types_order_and_metadata():
+    logs = lox.logdict(
+        {"loss": np.array([0.5, 0.25], np.float32), "big": np.array([2**40], np.int64), "v": np.ones((1, 3))},
+        steps={"step": {"loss": np.array([0, lox.NO_STEP], np.int32)}, "epoch": {"v": np.array([3])}},
+    )
+    table = to_arrow(logs, run="r")
+    dictionary = pa.dictionary(pa.int32(), pa.string())
+    assert table.schema.names == ["run", "key", "step", "epoch", "value", "dtype", "shape", "data"]
+    assert [table.schema.field(n).type for n in table.schema.names] == [
+        dictionary, dictionary, pa.int64(), pa.int64(), pa.float64(), dictionary, pa.list_(pa.int32()),
+        pa.large_binary(),
+    ]
+    key = table.column("key").combine_chunks()
+    assert key.dictionary.to_pylist() == ["loss", "big", "v"] and key.indices.to_pylist() == [0, 0, 1, 2]
+    assert table.column("key").null_count == 0 and not table.schema.field("key").nullable
+    assert table.column("run").to_pylist() == ["r"] * 4
+    assert table.column("step").to_pylist() == [0, None, None, None]
+    assert table.column("epoch").to_pylist() == [None, None, None, 3]
+    assert table.column("value").to_pylist() == [0.5, 0.25, None, None]
+    assert table.column("dtype").to_pylist() == ["float32", "float32", "int64", "float64"]
+    assert table.column("shape").to_pylist() == [[], [], [], [3]]
+    assert table.column("data").to_pylist() == [None, None, np.int64(2**40).tobytes(), np.ones(3).tobytes()]
+    meta = table.schema.metadata
+    assert meta[b"lox.schema"] == b"1"
+    assert json.loads(meta[b"lox.step_dtypes"]) == {"step": "int32", "epoch": "int64"}
+    assert json.loads(meta[b"lox.step_batch_ndim"]) == {} and json.loads(meta[b"lox.empty_series"]) == {}
+    assert to_arrow(logs).column("run").to_pylist() == [None] * 4
+
+
+def test_import_lox_does_not_import_pyarrow():
+    import subprocess
+    import sys
+
+    code = "import sys, lox; print('pyarrow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+# --- other readers ----------------------------------------------------------------------------
+@pytest.fixture
+def parquet_file(tmp_path):
+    logs = lox.logdict(
+        {"loss": np.array([1.5, 0.75, 0.5], np.float32), "acc": np.array([0.25, 0.5]), "v": np.ones((2, 3))},
+        steps={"step": {"loss": np.array([0, 1, 2], np.int32), "v": np.array([0, 2], np.int32)}},
+    )
+    path = tmp_path / "logs.parquet"
+    pq.write_table(logs.to_arrow(run="seed0"), path)
+    return logs, path
+
+
+def test_pandas_reads_the_parquet_file(parquet_file):
+    import pandas as pd
+    logs, path = parquet_file
+    df = pd.read_parquet(path)
+    loss = df[df["key"] == "loss"]
+    assert loss["value"].tolist() == logs["loss"].tolist() and loss["step"].tolist() == [0, 1, 2]
+    assert df[df["key"] == "acc"]["value"].tolist() == [0.25, 0.5]
+    assert df[df["key"] == "acc"]["step"].isna().all() and df[df["key"] == "v"]["value"].isna().all()
+    assert set(df["run"]) == {"seed0"}
+
+
+def test_polars_reads_the_parquet_file(parquet_file):
+    import polars as pl
+    logs, path = parquet_file
+    df = pl.read_parquet(path)
+    loss = df.filter(pl.col("key").cast(pl.String) == "loss")
+    assert loss["value"].to_list() == logs["loss"].tolist() and loss["step"].to_list() == [0, 1, 2]
+    v = df.filter(pl.col("key").cast(pl.String) == "v")
+    assert v["shape"].to_list() == [[3], [3]] and v["data"].to_list() == [np.ones(3).tobytes()] * 2
+
+
+def test_duckdb_reads_the_parquet_file(parquet_file):
+    import duckdb
+    logs, path = parquet_file
+    rows = duckdb.sql(f"select key, step, value from '{path}' where value is not null order by key, step").fetchall()
+    assert rows == [("acc", None, 0.25), ("acc", None, 0.5), ("loss", 0, 1.5), ("loss", 1, 0.75), ("loss", 2, 0.5)]
+    assert duckdb.sql(f"select count(*) from '{path}' where data is not null").fetchall() == [(2,)]
+
+
+def test_tables_from_polars_and_duckdb_read_back(tmp_path):
+    import polars as pl
+    import duckdb
+    logs = lox.logdict(
+        {"loss": np.array([1.5, 0.5], np.float32), "v": np.arange(6, dtype=np.int64).reshape(2, 3)},
+        steps={"step": {"loss": np.array([3, 4]), "v": np.array([3, lox.NO_STEP])}},
+    )
+    # Polars: categorical (uint32, large_string dictionaries), large_list; its own Parquet file.
+    path = tmp_path / "polars.parquet"
+    pl.from_arrow(to_arrow(logs, run="r")).write_parquet(path)
+    assert_same_logs(logs, from_arrow(pq.read_table(path), run="r"))
+    two_runs = pl.from_arrow(pa.concat_tables([to_arrow(logs), to_arrow(logs, run="b")])).to_arrow()
+    assert two_runs.schema.field("run").type.index_type == pa.uint32()
+    assert_same_logs(logs, from_arrow(two_runs, run="b"))
+    # DuckDB: plain strings, binary, no schema metadata (steps come back int64, as here).
+    pq.write_table(to_arrow(logs, run="r"), tmp_path / "lox.parquet")
+    result = duckdb.sql(f"select * from '{tmp_path / 'lox.parquet'}'").arrow()
+    table = result.read_all() if isinstance(result, pa.RecordBatchReader) else result
+    assert table.schema.field("key").type == pa.string() and table.schema.metadata is None
+    assert_same_logs(logs, from_arrow(table))
+
+
+# --- errors -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", RESERVED)
+def test_reserved_step_name_says_to_rename(name):
+    logs = lox.logdict({"loss": np.zeros(2)}, steps={name: {"loss": np.arange(2)}})
+    with pytest.raises(ValueError, match=rf"step name '{name}' is a column of the lox Arrow schema .*rename the step"):
+        to_arrow(logs)
+
+
+def test_several_runs_need_run_argument():
+    logs = lox.logdict({"loss": np.zeros(1)})
+    table = pa.concat_tables([to_arrow(logs, run=f"seed{i}") for i in range(7)])
+    with pytest.raises(ValueError, match=r"holds 7 runs \('seed0', 'seed1', 'seed2', 'seed3', 'seed4', \.\.\.\); "
+                                         r"pass run= to choose one, e.g. from_arrow\(table, run='seed0'\)"):
+        from_arrow(table)
+    with pytest.raises(ValueError, match=r"holds 2 runs \(None, 'a'\); pass run="):
+        from_arrow(pa.concat_tables([to_arrow(logs), to_arrow(logs, run="a")]))
+
+
+def test_unknown_run_names_the_known_ones():
+    table = pa.concat_tables([to_arrow(lox.logdict({"x": np.zeros(1)}), run=r) for r in ("a", "b")])
+    with pytest.raises(ValueError, match=r"no run 'c' in the table; its runs are: 'a', 'b'\."):
+        from_arrow(table, run="c")
+    assert from_arrow(to_arrow(lox.logdict({"x": np.zeros(0)}), run="a"), run="c")["x"].shape == (0,)
+
+
+@pytest.mark.parametrize("column", RESERVED)
+def test_missing_column_is_named(column):
+    table = to_arrow(lox.logdict({"x": np.zeros(1)}))
+    with pytest.raises(ValueError, match=rf"lacks the column\(s\) '{column}' of the lox Arrow schema"):
+        from_arrow(table.drop_columns([column]))
+
+
+def test_other_errors_say_what_to_do():
+    with pytest.raises(ValueError, match=r"key 'a/b' and key 'a' both give a series named 'a/b'.*rename one"):
+        to_arrow(lox.logdict({"a": {"b": np.zeros(1)}, "a/b": np.zeros(1)}))
+    with pytest.raises(TypeError, match=r"series 's' has dtype <U1, which the lox Arrow schema cannot store"):
+        to_arrow(lox.logdict({"s": np.array(["x"])}))
+    with pytest.raises(ValueError, match=r"series 'x' has no event axis"):
+        to_arrow(lox.logdict({"x": np.float32(1.0)}))
+    with pytest.raises(TypeError, match=r"`run` must be a string or None, got int"):
+        to_arrow(lox.logdict({"x": np.zeros(1)}), run=3)
+    batched = lox.logdict({"x": np.zeros((2, 3))}, steps={"step": {"x": np.arange(6).reshape(2, 3)}})
+    with pytest.raises(ValueError, match=r"differ along the axes after the event axis.*x\[i\]"):
+        to_arrow(batched)
+    table = to_arrow(lox.logdict({"x": np.zeros(1)}))
+    newer = table.replace_schema_metadata({**table.schema.metadata, b"lox.schema": b"2"})
+    with pytest.raises(ValueError, match=r"schema version '2'; this lox reads version 1\. Upgrade lox"):
+        from_arrow(newer)
+    floats = table.add_column(2, "step", pa.array([1.0]))
+    with pytest.raises(TypeError, match=r"step column 'step' has type double; steps must be integers"):
+        from_arrow(floats)

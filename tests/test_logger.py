@@ -1,0 +1,256 @@
+"""The Logger API: runs, vmapped seeds as separate runs, spool/tap/log, the background writer."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lox
+from lox_backends import hooks
+from lox_backends.logger import BackendError, Logger
+from lox_backends.memory import MemoryBackend
+from lox_core import host
+from lox_core.logdict import concat
+
+
+def train(w, xs):
+    def step(w, ix):
+        i, x = ix
+        loss = (w * x - 1.0) ** 2
+        lox.log({"loss": loss, "w3": jnp.stack([w, w, w])}, step=i)
+        return w - 0.1 * x * (w * x - 1.0), None
+
+    w, _ = jax.lax.scan(step, w, (jnp.arange(xs.shape[0]), xs))
+    lox.log({"final": w}, step=xs.shape[0], tags=["summary"])
+    return w
+
+
+def assert_same_logs(got, expected):
+    assert list(got) == list(expected)
+    for key in expected:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(expected[key]), rtol=1e-6)
+        assert np.asarray(got.steps["step"][key]).tolist() == np.asarray(expected.steps["step"][key]).tolist()
+
+
+class CountingHostCalls:
+    """Counts host calls made by lox (one per event / batch, whatever the batch size)."""
+
+    def __enter__(self):
+        self.count = 0
+        self._original = host._Callback.__call__
+        counter = self
+
+        def counting(callback, *args):
+            counter.count += 1
+            return counter._original(callback, *args)
+
+        host._Callback.__call__ = counting
+        return self
+
+    def __exit__(self, *exc):
+        host._Callback.__call__ = self._original
+
+
+def test_spool_writes_one_batch_per_call_with_metadata():
+    logger = lox.loggers.from_config("memory", name="exp")
+    xs = jnp.linspace(0.1, 1.0, 5)
+    state = logger.init(jax.random.key(7), lr=0.1, model="linear")
+    w = logger.spool(train, state)(0.5, xs)
+    logger.finish(state)
+    backend = logger.backends[0]
+    (run,) = logger.runs()
+    assert run.name == "exp-0" and run.metadata["lr"] == 0.1 and run.metadata["model"] == "linear"
+    assert run.metadata["key"] == jax.random.key_data(jax.random.key(7)).tolist()
+    assert backend.closed[run.run_id] and len(backend.tables(run.run_id)) == 1
+    ref_w, ref_logs = lox.spool(train)(0.5, xs)
+    np.testing.assert_allclose(w, ref_w)
+    assert_same_logs(backend.logs(run.run_id), ref_logs)
+
+
+def test_vmapped_seeds_become_separate_runs_with_one_host_call_per_batch():
+    logger = lox.loggers.from_config("memory", name="seeds")
+    seeds = 16
+    keys = jax.random.split(jax.random.key(0), seeds)
+    states = jax.vmap(lambda k, lr: logger.init(k, lr=lr, name="sweep"))(keys, jnp.linspace(0.0, 1.0, seeds))
+    w0 = jnp.linspace(-1.0, 1.0, seeds)
+    xs = jnp.linspace(0.1, 1.0, 6)
+    step = jax.jit(jax.vmap(lambda s, w: logger.spool(train, s)(w, xs)))
+    with CountingHostCalls() as calls:
+        step(states, w0)
+        logger.flush()
+    assert calls.count == 1  # all 16 seeds in one host call
+    logger.finish(states)
+    runs = logger.runs()
+    assert [r.name for r in runs] == [f"sweep-{i}" for i in range(seeds)]
+    assert len({r.run_id for r in runs}) == seeds and len({r.group for r in runs}) == 1
+    assert [r.metadata["lr"] for r in runs] == pytest.approx(np.linspace(0.0, 1.0, seeds).tolist())
+    backend = logger.backends[0]
+    for i in (0, 5, seeds - 1):
+        assert_same_logs(backend.logs(runs[i].run_id), lox.spool(train)(w0[i], xs)[1])
+
+
+def test_tap_streams_each_seeds_events_to_its_run_in_one_host_call_per_event():
+    logger = lox.loggers.from_config("memory")
+    seeds = 8
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(1), seeds))
+    w0 = jnp.linspace(-1.0, 1.0, seeds)
+    xs = jnp.linspace(0.1, 1.0, 4)
+    with CountingHostCalls() as calls:
+        jax.vmap(lambda s, w: logger.tap(train, s)(w, xs))(states, w0)
+        logger.flush()
+    assert calls.count == xs.shape[0] + 1  # one per event, for all seeds
+    logger.finish(states)
+    backend = logger.backends[0]
+    for i, run in enumerate(logger.runs()):
+        events = backend.events(run.run_id)
+        assert len(events) == xs.shape[0] + 1
+        assert_same_logs(concat(events), lox.spool(train)(w0[i], xs)[1])
+
+
+def test_log_inside_jit_and_eagerly():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+
+    @jax.jit
+    def step(state, x):
+        logger.log(state, lox.logdict({"x": x[None]}, {"step": {"x": jnp.array([3])}}))
+        return x + 1
+
+    step(state, jnp.float32(2.0))
+    logger.log(state, lox.logdict({"x": np.array([5.0], np.float32)}, {"step": {"x": np.array([4])}}))
+    logger.finish(state)
+    logs = logger.backends[0].logs()
+    assert logs["x"].tolist() == [2.0, 5.0] and logs.step["x"].tolist() == [3, 4]
+
+
+@pytest.mark.filterwarnings("ignore:lox. in run")  # both calls log steps 0-3
+def test_writing_happens_in_the_background():
+    release = threading.Event()
+    received = threading.Event()
+
+    class Blocking(hooks.Backend):
+        def write_batch(self, run, table):
+            received.set()
+            assert release.wait(30), "the test never released the backend"
+
+    logger = Logger([Blocking()])
+    state = logger.init()
+    xs = jnp.linspace(0.1, 1.0, 3)
+    logger.spool(train, state)(0.5, xs)  # returns although the backend is blocked
+    logger.spool(train, state)(0.5, xs)
+    assert received.wait(30)
+    release.set()
+    logger.finish(state)
+
+
+def test_backend_errors_surface_on_the_next_call_and_at_finish():
+    class Failing(hooks.Backend):
+        def write_batch(self, run, table):
+            raise OSError("disk full")
+
+    logger = Logger([Failing()])
+    state = logger.init()
+    logger.spool(train, state)(0.5, jnp.ones(3))
+    with pytest.raises(BackendError, match=r"a backend failed while writing: OSError\('disk full'\)"):
+        logger.finish(state)
+
+
+def test_rows_are_ordered_by_step_and_a_backwards_step_warns_once():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init(name="r")
+    logs = lox.logdict({"loss": np.array([3.0, 1.0, 2.0])}, {"step": {"loss": np.array([30, 10, 20])}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger.log(state, logs)
+        logger.log(state, logs)
+        logger.finish(state)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1
+    assert "in run 'r' the step of 'loss' goes backwards (30 then 10)" in messages[0]
+    table = logger.backends[0].tables()[0]
+    assert table.column("step").to_pylist() == [10, 20, 30]
+    assert table.column("value").to_pylist() == [1.0, 2.0, 3.0]
+
+
+def test_bad_calls_raise_clearly():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    with pytest.raises(TypeError, match="takes a lox.logdict"):
+        logger.log(state, {"x": 1.0})
+    with pytest.raises(TypeError, match="the state returned by `logger.init`"):
+        logger.log(0, lox.logdict({"x": np.ones(1)}))
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match=r"runs of shape \(3,\).*'x' has shape \(1,\)"):
+        logger.log(states, lox.logdict({"x": np.ones(1)}))
+    with pytest.raises(TypeError, match="outside jax.jit"):
+        jax.jit(logger.finish)(state)
+    with pytest.raises(ValueError, match="at least one backend"):
+        Logger([])
+    logger.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        logger.init()
+
+
+def test_multi_console_and_save_loggers(tmp_path, capsys):
+    path = tmp_path / "runs"
+    logger = lox.loggers.MultiLogger(lox.loggers.ConsoleLogger(), lox.loggers.SaveLogger(path), lox.loggers.MemoryLogger())
+    state = logger.init(name="both")
+    xs = jnp.linspace(0.1, 1.0, 5)
+    logger.spool(train, state)(0.5, xs)
+    logger.finish(state)
+    (run,) = logger.runs()
+    expected = lox.spool(train)(0.5, xs)[1]
+    assert_same_logs(lox.load(path)[run.run_id], expected)
+    assert_same_logs(lox.load(path / run.run_id), expected)
+    assert_same_logs(logger.backends[2].logs(), expected)
+    out = capsys.readouterr().out
+    # Plain lines (not a terminal): the latest value of each key with its step.
+    assert f"[both] [step=4] loss={float(expected['loss'][-1]):g}" in out or "[both] [step=4] loss=" in out
+    assert "[step=5] final=" in out
+
+
+def test_pending_logs_are_flushed_at_interpreter_exit(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import jax, jax.numpy as jnp, lox
+        logger = lox.loggers.SaveLogger({str(tmp_path)!r})
+        state = logger.init(name="exit")
+        for i in range(5):
+            lox.log  # nothing else: the logger must flush on its own
+            logger.log(state, lox.logdict({{"i": jnp.array([float(i)])}}, {{"step": {{"i": jnp.array([i])}}}}))
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, LOX_DEFAULT="off"))
+    (logs,) = lox.load(tmp_path).values()
+    assert logs["i"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_every_flushed_batch_survives_a_killed_training_process(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import jax, jax.numpy as jnp, lox
+        logger = lox.loggers.SaveLogger({str(tmp_path)!r})
+        state = logger.init(name="killed")
+        i = 0
+        while True:
+            logger.log(state, lox.logdict({{"i": jnp.array([float(i)])}}, {{"step": {{"i": jnp.array([i])}}}}))
+            logger.flush()
+            print(i, flush=True)
+            i += 1
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    confirmed = [int(process.stdout.readline()) for _ in range(5)]
+    process.kill()
+    process.wait()
+    (logs,) = lox.load(tmp_path).values()
+    got = logs["i"].tolist()
+    assert got[: len(confirmed)] == [float(i) for i in confirmed]
+    assert got == [float(i) for i in range(len(got))]  # in order, nothing partial

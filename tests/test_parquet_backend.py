@@ -1,0 +1,446 @@
+"""The parquet backend: what it writes reads back equal, in order, from lox and from
+other Parquet readers, with concurrent writers and after a writer is killed."""
+
+import datetime
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import lox
+from lox_backends import hooks, parquet
+from lox_backends.parquet import ParquetBackend
+from lox_core.arrow import to_arrow
+from lox_core.logdict import concat
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def make_logs(start, n):
+    """n events of three keys, at steps start..start+n-1, with values derived from the step."""
+    step = np.arange(start, start + n)
+    return lox.logdict(
+        {
+            "loss": (step * 0.5).astype(np.float32),
+            "w": np.stack([step, -step, 2 * step], axis=1).astype(np.float64),
+            "count": step.astype(np.int32),
+        },
+        steps={"step": {"loss": step, "w": step, "count": step}},
+    )
+
+
+def event(step, **values):
+    return lox.logdict(
+        {k: np.asarray([v]) for k, v in values.items()},
+        steps={"step": {k: np.array([step]) for k in values}},
+    )
+
+
+def assert_logs_equal(got, want):
+    assert list(got) == list(want)
+    for key in want:
+        g, w = np.asarray(got[key]), np.asarray(want[key])
+        assert g.dtype == w.dtype, key
+        np.testing.assert_array_equal(g, w, err_msg=key)
+        assert got.step_names(key) == want.step_names(key), key
+        for name in want.step_names(key):
+            g, w = np.asarray(got.steps[name][key]), np.asarray(want.steps[name][key])
+            assert g.dtype == w.dtype, (name, key)
+            np.testing.assert_array_equal(g, w)
+
+
+def files_under(root):
+    return sorted(str(p.relative_to(root)) for p in pathlib.Path(root).rglob("*") if p.is_file())
+
+
+def open_run(root, run_id="run-0", **kw):
+    backend = ParquetBackend(str(root))
+    run = hooks.RunInfo(run_id, name=kw.pop("name", run_id), group=kw.pop("group", "g"), **kw)
+    backend.open_run(run)
+    return backend, run
+
+
+def run_python(script, *args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, **kw,
+    )
+
+
+# --- round trips -------------------------------------------------------------------
+def test_batches_round_trip_with_values_dtypes_and_steps(tmp_path):
+    backend, run = open_run(tmp_path)
+    parts = [make_logs(0, 5), make_logs(5, 3)]
+    for part in parts:
+        backend.write_batch(run, to_arrow(part, run=run.run_id))
+    backend.flush()
+    assert_logs_equal(parquet.load(tmp_path / "run-0"), concat(parts))
+    backend.close_run(run)
+    backend.close()
+    assert_logs_equal(parquet.load(tmp_path)["run-0"], concat(parts))
+
+
+def test_a_spooled_and_a_tapped_training_loop_round_trip(tmp_path):
+    def train(w):
+        def step(w, i):
+            loss = jnp.sum(w**2)
+            lox.log({"loss": loss, "w": w}, step=i)
+            return w * 0.9, None
+
+        return jax.lax.scan(step, w, jnp.arange(10))[0]
+
+    _, spooled = lox.spool(train)(jnp.ones(3))
+    backend, run = open_run(tmp_path, "spooled")
+    backend.write_batch(run, to_arrow(spooled, run=run.run_id))
+    backend.close_run(run)
+    assert_logs_equal(parquet.load(tmp_path / "spooled"), spooled)
+
+    tap_backend, tap_run = open_run(tmp_path, "tapped")
+    jax.block_until_ready(lox.tap(train, lambda e: tap_backend.write_event(tap_run, e))(jnp.ones(3)))
+    tap_backend.close_run(tap_run)
+    tapped = parquet.load(tmp_path / "tapped")
+    np.testing.assert_allclose(tapped["loss"], spooled["loss"], rtol=1e-6)
+    np.testing.assert_allclose(tapped["w"], spooled["w"], rtol=1e-6)
+    np.testing.assert_array_equal(tapped.step["loss"], np.arange(10))
+
+
+def test_batches_and_events_keep_arrival_order(tmp_path):
+    backend, run = open_run(tmp_path)
+    writes = [make_logs(0, 2), event(2, loss=np.float32(1.0)), event(3, loss=np.float32(1.5)),
+              make_logs(4, 2), event(6, loss=np.float32(3.0))]
+    for w in writes:
+        if len(w["loss"]) == 1:
+            backend.write_event(run, w)
+        else:
+            backend.write_batch(run, to_arrow(w, run=run.run_id))
+    backend.flush()
+    logs = parquet.load(tmp_path / "run-0")
+    np.testing.assert_array_equal(logs.step["loss"], [0, 1, 2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(logs["loss"], concat(writes)["loss"])
+    np.testing.assert_array_equal(logs.step["w"], [0, 1, 4, 5])
+    # Events buffered before a batch are written before it: four files, in that order.
+    batches = sorted(p.name for p in (tmp_path / "run-0").glob("batch-*.parquet"))
+    assert [int(name.split("-")[1]) for name in batches] == [0, 1, 2, 3]
+    assert [pq.read_table(tmp_path / "run-0" / b).num_rows for b in batches] == [6, 2, 6, 1]
+
+
+def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
+    backend, run = open_run(tmp_path)
+    backend.write_batch(run, to_arrow(lox.logdict(), run=run.run_id))
+    assert not list((tmp_path / "run-0").glob("batch-*"))
+    empty = lox.logdict({"x": np.zeros((0, 2), np.float32)}, steps={"step": {"x": np.zeros(0, np.int32)}})
+    backend.write_batch(run, to_arrow(empty, run=run.run_id))
+    backend.write_batch(run, to_arrow(make_logs(0, 2), run=run.run_id))
+    backend.close_run(run)
+    loaded = parquet.load(tmp_path / "run-0")
+    assert list(loaded) == ["x", "loss", "w", "count"] and loaded["x"].shape == (0, 2)
+
+
+def test_events_are_written_on_flush_not_before(tmp_path):
+    backend, run = open_run(tmp_path)
+    backend.write_event(run, event(0, loss=1.0))
+    assert not list((tmp_path / "run-0").glob("batch-*"))
+    assert parquet.load(tmp_path / "run-0") == {}
+    backend.flush()
+    assert parquet.load(tmp_path / "run-0")["loss"].tolist() == [1.0]
+
+
+# --- _run.json ----------------------------------------------------------------------
+def test_run_json_records_the_run_and_its_status(tmp_path):
+    before = datetime.datetime.now(datetime.timezone.utc)
+    backend, run = open_run(tmp_path, "r1", name="baseline", group="sweep", index=2,
+                            metadata={"lr": 0.1, "layers": [1, 2], "seed": np.int64(3)})
+    info = json.loads((tmp_path / "r1" / "_run.json").read_text())
+    assert {k: info[k] for k in ("run_id", "name", "group", "index", "metadata", "status", "lox_version")} == {
+        "run_id": "r1", "name": "baseline", "group": "sweep", "index": 2,
+        "metadata": {"lr": 0.1, "layers": [1, 2], "seed": 3}, "status": "running", "lox_version": lox.__version__,
+    }
+    created = datetime.datetime.fromisoformat(info["created"])
+    assert created.utcoffset() == datetime.timedelta(0) and created >= before
+    backend.close_run(run)
+    info = json.loads((tmp_path / "r1" / "_run.json").read_text())
+    assert info["status"] == "finished"
+    assert datetime.datetime.fromisoformat(info["ended"]) >= created
+    assert parquet.runs(tmp_path) == [info] == parquet.runs(tmp_path / "r1")
+
+
+def test_runs_and_load_order_runs_by_creation_time(tmp_path):
+    for run_id in ["zeta", "alpha", "mid"]:
+        backend, run = open_run(tmp_path, run_id)
+        backend.write_event(run, event(0, x=float(len(run_id))))
+        backend.close_run(run)
+        time.sleep(0.01)
+    assert [r["run_id"] for r in parquet.runs(tmp_path)] == ["zeta", "alpha", "mid"]
+    loaded = parquet.load(tmp_path)
+    assert list(loaded) == ["zeta", "alpha", "mid"]
+    assert loaded["alpha"]["x"].tolist() == [5.0]
+
+
+def test_default_folder_is_lox_runs_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = ParquetBackend()
+    monkeypatch.chdir("/")  # resolved when created: a later chdir changes nothing
+    backend.open_run(hooks.RunInfo("r", name="r", group="g"))
+    assert (tmp_path / "lox-runs" / "r" / "_run.json").exists()
+
+
+# --- what is on disk ---------------------------------------------------------------
+def test_hidden_temp_files_and_strangers_are_ignored(tmp_path):
+    backend, run = open_run(tmp_path)
+    backend.write_batch(run, to_arrow(make_logs(0, 3), run=run.run_id))
+    backend.close_run(run)
+    folder = tmp_path / "run-0"
+    (folder / ".batch-000001-0123abcd.parquet.tmp").write_bytes(b"PAR1 half a file")
+    (folder / "._run.json.0badf00d.tmp").write_text("{")
+    (folder / "notes.txt").write_text("not a batch")
+    (tmp_path / ".trash").mkdir()
+    (tmp_path / ".trash" / "_run.json").write_text("{}")
+    (tmp_path / "not-a-run").mkdir()
+    assert_logs_equal(parquet.load(folder), make_logs(0, 3))
+    assert list(parquet.load(tmp_path)) == ["run-0"]
+
+
+def test_keys_are_data_never_paths(tmp_path):
+    root = tmp_path / "runs"
+    backend, run = open_run(root)
+    keys = ["../../x", "a/b", "/abs", "..", "c\\d"]
+    logs = lox.logdict({k: np.arange(3.0) + i for i, k in enumerate(keys)},
+                       steps={"step": {k: np.arange(3) for k in keys}})
+    backend.write_batch(run, to_arrow(logs, run=run.run_id))
+    backend.write_event(run, event(3, **{"../../x": 9.0, "a/b": 9.0}))
+    backend.close_run(run)
+    tree = files_under(tmp_path)
+    assert all(f.startswith("runs/run-0/") for f in tree), tree
+    names = [f.removeprefix("runs/run-0/") for f in tree]
+    assert all(n == "_run.json" or re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet", n) for n in names), names
+    loaded = parquet.load(root / "run-0")
+    assert sorted(loaded) == sorted(keys)
+    assert loaded["../../x"].tolist() == [0.0, 1.0, 2.0, 9.0]
+
+
+def test_other_parquet_readers_see_the_same_values(tmp_path):
+    import duckdb
+    import pandas as pd
+    import polars as pl
+
+    backend, run = open_run(tmp_path)
+    parts = [make_logs(0, 4), make_logs(4, 4)]
+    for part in parts:
+        backend.write_batch(run, to_arrow(part, run=run.run_id))
+    backend.close_run(run)
+    folder = tmp_path / "run-0"
+    files = sorted(str(p) for p in folder.glob("batch-*.parquet"))
+    want = [(float(s), float(s) * 0.5) for s in range(8)]
+
+    frame = pd.read_parquet(files)
+    loss = frame[frame["key"] == "loss"].sort_values("step")
+    assert list(zip(loss["step"].astype(float), loss["value"])) == want
+    assert set(frame["run"].astype(str)) == {"run-0"}
+
+    frame = pl.read_parquet(str(folder / "batch-*.parquet"))
+    loss = frame.filter(pl.col("key").cast(pl.Utf8) == "loss").sort("step")
+    assert list(zip(loss["step"].cast(pl.Float64), loss["value"])) == want
+
+    rows = duckdb.sql(
+        f"SELECT step, value FROM read_parquet('{folder}/batch-*.parquet') WHERE key = 'loss' ORDER BY step"
+    ).fetchall()
+    assert [(float(s), v) for s, v in rows] == want
+
+    # Whole folders too: a run's folder, and the folder of all runs (the metadata
+    # file starts with "_", which Parquet dataset readers skip).
+    frame = pd.read_parquet(folder)
+    assert sorted(zip(frame[frame["key"] == "loss"]["step"].astype(float), frame[frame["key"] == "loss"]["value"])) == want
+    import pyarrow.dataset as ds
+
+    assert ds.dataset(str(tmp_path), format="parquet").to_table().num_rows == sum(to_arrow(p).num_rows for p in parts)
+
+
+# --- several processes -------------------------------------------------------------
+WRITER = """
+import os, sys, time
+import numpy as np
+from lox_backends import hooks
+from lox_backends.parquet import ParquetBackend
+from lox_core.arrow import to_arrow
+from lox_core.logdict import logdict
+
+root, run_id, go, offset = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+backend = ParquetBackend(root)
+run = hooks.RunInfo(run_id, name=run_id, group="g")
+backend.open_run(run)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+for i in range(20):
+    step = np.arange(offset + 3 * i, offset + 3 * i + 3)
+    logs = logdict({"loss": step * 1.0}, steps={"step": {"loss": step}})
+    backend.write_batch(run, to_arrow(logs, run=run_id))
+    if i % 5 == 4:
+        backend.flush()
+backend.close_run(run)
+backend.close()
+print("done", flush=True)
+"""
+
+
+def start_writers(root, go, runs):
+    procs = [run_python(WRITER, root, run_id, go, offset) for run_id, offset in runs]
+    for proc in procs:
+        line = proc.stdout.readline()
+        assert line == "ready\n", proc.stderr.read()
+    go.touch()  # both start writing at once
+    return procs
+
+
+def finish(proc):
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out == "done\n", err
+
+
+def test_two_processes_write_different_runs_into_one_folder(tmp_path):
+    root = tmp_path / "runs"
+    procs = start_writers(root, tmp_path / "go", [("run-a", 0), ("run-b", 1000)])
+    # Reading while they write sees whole batches only, in order.
+    while any(p.poll() is None for p in procs):
+        for run_id, logs in parquet.load(root).items():
+            if logs:
+                start = 0 if run_id == "run-a" else 1000
+                np.testing.assert_array_equal(logs.step["loss"], start + np.arange(len(logs["loss"])))
+                assert len(logs["loss"]) % 3 == 0
+        time.sleep(0.05)
+    for proc in procs:
+        finish(proc)
+    loaded = parquet.load(root)
+    assert sorted(loaded) == ["run-a", "run-b"]
+    np.testing.assert_array_equal(loaded["run-a"].step["loss"], np.arange(60))
+    np.testing.assert_array_equal(loaded["run-b"].step["loss"], 1000 + np.arange(60))
+    np.testing.assert_array_equal(loaded["run-b"]["loss"], 1000.0 + np.arange(60))
+    assert [r["status"] for r in parquet.runs(root)] == ["finished", "finished"]
+    assert not [f for f in files_under(root) if os.path.basename(f).startswith(".")]
+
+
+def test_two_processes_writing_one_run_lose_nothing(tmp_path):
+    root = tmp_path / "runs"
+    procs = start_writers(root, tmp_path / "go", [("shared", 0), ("shared", 1000)])
+    for proc in procs:
+        finish(proc)
+    assert len(list((root / "shared").glob("batch-*.parquet"))) == 40
+    steps = parquet.load(root / "shared").step["loss"]
+    np.testing.assert_array_equal(np.sort(steps), np.concatenate([np.arange(60), 1000 + np.arange(60)]))
+
+
+CRASHER = """
+import sys
+import numpy as np
+from lox_backends import hooks
+from lox_backends.parquet import ParquetBackend
+from lox_core.arrow import to_arrow
+from lox_core.logdict import logdict
+
+N = 2000
+backend = ParquetBackend(sys.argv[1])
+run = hooks.RunInfo("crash", name="crash", group="g")
+backend.open_run(run)
+i = 0
+while True:
+    step = np.arange(N * i, N * (i + 1))
+    w = np.stack([step, step + 1, step + 2], axis=1).astype(np.float32)
+    logs = logdict({"loss": step * 0.25, "w": w}, steps={"step": {"loss": step, "w": step}})
+    backend.write_batch(run, to_arrow(logs, run="crash"))
+    backend.flush()
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
+    proc = run_python(CRASHER, tmp_path)
+    confirmed = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(confirmed) < 3:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, proc.stderr.read() if not line else "too slow"
+            confirmed.append(int(line))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert confirmed == list(range(len(confirmed)))
+    folder = tmp_path / "crash"
+    for path in folder.glob("batch-*.parquet"):
+        pq.read_table(path)  # every visible file is whole
+    logs = parquet.load(folder)
+    n = len(logs["loss"])
+    assert n >= 2000 * len(confirmed) and n % 2000 == 0
+    np.testing.assert_array_equal(logs.step["loss"], np.arange(n))
+    np.testing.assert_array_equal(logs["loss"], np.arange(n) * 0.25)
+    np.testing.assert_array_equal(logs["w"][:, 2], np.arange(n, dtype=np.float32) + 2)
+    assert parquet.runs(folder)[0]["status"] == "running"
+
+
+# --- errors ------------------------------------------------------------------------
+@pytest.mark.parametrize("run_id", ["../evil", "a/b", "..", "", ".hidden", "a\\b", "x/../../y"])
+def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path, run_id):
+    backend = ParquetBackend(str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match="cannot be a run folder name"):
+        backend.open_run(hooks.RunInfo(run_id, name="n", group="g"))
+    assert files_under(tmp_path) == []
+
+
+def test_load_says_what_it_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder.*expected a run folder"):
+        parquet.load(tmp_path / "missing")
+    (tmp_path / "file.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="is a file; expected a run folder"):
+        parquet.load(tmp_path / "file.parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no lox runs in .*folder of run folders"):
+        parquet.runs(tmp_path / "empty")
+
+
+def test_a_damaged_batch_file_is_named(tmp_path):
+    backend, run = open_run(tmp_path)
+    backend.write_batch(run, to_arrow(make_logs(0, 3), run=run.run_id))
+    backend.close_run(run)
+    (tmp_path / "run-0" / "batch-000001-00000000.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="cannot read .*batch-000001-00000000.parquet.*move it out"):
+        parquet.load(tmp_path / "run-0")
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(ValueError, match="no option 'compresion'.*compression"):
+        ParquetBackend("runs", {"compresion": "zstd"})
+
+
+def test_compression_option(tmp_path):
+    backend = ParquetBackend(str(tmp_path), {"compression": "zstd"})
+    run = hooks.RunInfo("r", name="r", group="g")
+    backend.write_batch(run, to_arrow(make_logs(0, 3), run="r"))  # also: no open_run needed
+    path = next((tmp_path / "r").glob("batch-*.parquet"))
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
+    assert parquet.runs(tmp_path)[0]["status"] == "running"
+
+
+# --- the plugin --------------------------------------------------------------------
+def test_the_plugin_offers_the_backend_and_imports_cheaply():
+    import pluggy
+
+    manager = pluggy.PluginManager(hooks.PROJECT)
+    manager.add_hookspecs(hooks.Hooks)
+    manager.register(parquet)
+    (spec,) = [s for specs in manager.hook.lox_backends() for s in specs]
+    assert spec.name == "parquet" and spec.load() is ParquetBackend and spec.missing() == []
+    probe = "import sys, lox_backends.parquet; print(sorted({'pyarrow', 'jax'} & set(sys.modules)))"
+    out, err = run_python(probe).communicate(timeout=60)
+    assert out == "[]\n", err

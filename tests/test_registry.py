@@ -1,0 +1,116 @@
+"""Backends are pluggy plugins found through the entry-point group ``lox``."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import lox
+from lox_backends import hooks
+from lox_backends.config import BackendConfig
+from lox_backends.registry import BackendNotFound, BackendUnavailable, PluginConflict, Registry, registry
+
+
+def test_builtin_backends_are_entry_points_of_our_own_package():
+    ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="lox") if ep.dist.name == "jax-lox"}
+    assert ours == {"console": "lox_backends.console", "parquet": "lox_backends.parquet", "memory": "lox_backends.memory"}
+    offers = registry.offers()
+    for name in ("console", "parquet", "memory"):
+        assert [o.package for o in offers[name]] == ["jax-lox"]
+
+
+def test_import_lox_loads_no_plugin():
+    code = (
+        "import sys, lox; from lox_backends.registry import registry; "
+        "print(registry.loaded, any(m in sys.modules for m in ('lox_backends.memory', 'pyarrow')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+    code = "import lox; from lox_backends.registry import registry; lox.loggers.from_config('memory'); print(registry.loaded)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+
+
+def test_unknown_backend_lists_the_installed_ones_and_suggests():
+    with pytest.raises(BackendNotFound, match=r"unknown lox backend 'parqet'.*Did you mean 'parquet'\?.*Installed backends: .*console.*memory.*parquet"):
+        lox.loggers.from_config("console,parqet:runs")
+
+
+def test_missing_extra_names_the_pip_command():
+    class Plugin:
+        @hooks.hookimpl
+        def lox_backends(self):
+            return [hooks.BackendSpec("needs-x", "nowhere:Backend", requires=("lox_no_such_module",), extra="x")]
+
+    fresh = Registry()
+    fresh.register(Plugin(), name="needs-x-plugin")
+    with pytest.raises(BackendUnavailable, match=r"'needs-x' needs lox_no_such_module, which is not installed: run `pip install 'jax-lox\[x\]'`"):
+        fresh.create(BackendConfig("needs-x"))
+
+
+def test_a_plugin_returning_something_else_is_named():
+    class Broken:
+        @hooks.hookimpl
+        def lox_backends(self):
+            return ["console"]
+
+    with pytest.raises(TypeError, match=r"'broken'.*returned 'console'.*BackendSpec"):
+        Registry().register(Broken(), name="broken")
+
+
+def _install_fake_distribution(root, dist, module, backend_name):
+    """A real installed distribution (dist-info with an entry point), as pip would lay it out."""
+    (root / f"{module}.py").write_text(
+        textwrap.dedent(
+            f"""
+            from lox_backends import hooks
+
+            @hooks.hookimpl
+            def lox_backends():
+                return [hooks.BackendSpec({backend_name!r}, hooks.Backend, description="from {dist}")]
+            """
+        )
+    )
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[lox]\n{module} = {module}\n")
+
+
+def _run(code, root, **env):
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *sys.path]), **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment)
+
+
+def test_two_packages_claiming_one_name_is_an_error_naming_both(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-clash-one", "lox_clash_one", "clash")
+    _install_fake_distribution(tmp_path, "lox-clash-two", "lox_clash_two", "clash")
+    result = _run("import lox; lox.loggers.from_config('clash')", tmp_path)
+    assert result.returncode != 0
+    assert "PluginConflict" in result.stderr
+    assert "'clash' is claimed by two packages: lox-clash-one and lox-clash-two" in result.stderr
+    # Other backends still work, and `lox backends` shows the conflict.
+    ok = _run("import lox; print(lox.loggers.from_config('memory').backends[0].__class__.__name__)", tmp_path)
+    assert ok.stdout.strip() == "MemoryBackend", ok.stderr
+    listed = _run("from lox_backends.cli import main; main(['backends'])", tmp_path).stdout
+    assert "clash" in listed and "conflict: also claimed by lox-clash-two" in listed
+
+
+def test_autoload_can_be_turned_off_for_third_party_plugins(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-extra-backend", "lox_extra_backend", "extra-one")
+    code = "import lox; lox.loggers.from_config('extra-one'); print('found')"
+    assert _run(code, tmp_path).stdout.strip() == "found"
+    off = _run(code, tmp_path, LOX_DISABLE_PLUGIN_AUTOLOAD="1")
+    assert "unknown lox backend 'extra-one'" in off.stderr
+    # lox's own backends stay available.
+    assert _run("import lox; lox.loggers.from_config('memory'); print('ok')", tmp_path, LOX_DISABLE_PLUGIN_AUTOLOAD="1").stdout.strip() == "ok"
+
+
+def test_named_logger_constructors_exist_for_every_backend(tmp_path):
+    logger = lox.loggers.ParquetLogger(str(tmp_path / "runs"))
+    assert type(logger.backends[0]).__name__ == "ParquetBackend"
+    assert type(lox.loggers.MemoryLogger().backends[0]).__name__ == "MemoryBackend"
+    with pytest.raises(AttributeError, match="NoSuchLogger"):
+        lox.loggers.NoSuchLogger()
