@@ -60,8 +60,7 @@ def backends_table() -> str:
         for offer in offers:
             missing = offer.spec.missing()
             if missing:
-                hint = f"pip install 'jax-lox[{offer.spec.extra}]'" if offer.spec.extra else f"pip install {' '.join(missing)}"
-                status = f"no: {hint}"
+                status = f"no: {offer.spec.install_hint()}"
             else:
                 status = "yes"
             if len(offers) > 1:

@@ -18,7 +18,7 @@ import dataclasses
 import re
 import urllib.parse
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
+BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _SECRET_OPTION = re.compile(r"token|secret|password|passwd|api[_-]?key|auth|credential", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?<=://)([^/@:?]*):([^/@?]*)@")
@@ -82,7 +82,7 @@ def _parse_spec(text: str, spec: str, start: int) -> BackendConfig:
     offset = start + (len(spec) - len(spec.lstrip()))
     if not stripped:
         _fail(text, offset, "an empty backend spec (two commas in a row, or a comma at an end)")
-    name_match = _NAME.match(stripped)
+    name_match = BACKEND_NAME.match(stripped)
     if name_match is None:
         _fail(text, offset, "a backend name must start with a letter")
     name = name_match.group(0)

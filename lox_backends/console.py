@@ -29,6 +29,7 @@ class ConsoleBackend(hooks.Backend):
         self._latest: dict[str, dict] = {}  # run_id → {key: (value, {step name: step})}
         self._names: dict[str, str] = {}
         self._printed_at: dict[str, float] = {}
+        self._unshown: dict[str, bool] = {}  # updated since last shown
         self._live = None
 
     # --- receiving -----------------------------------------------------------------
@@ -62,7 +63,8 @@ class ConsoleBackend(hooks.Backend):
         self._show(run)
 
     def close_run(self, run):
-        self._show(run, force=True)
+        if self._unshown.get(run.run_id):
+            self._show(run, force=True)  # the final values, if the last update was throttled
 
     def close(self):
         if self._live is not None:
@@ -73,8 +75,10 @@ class ConsoleBackend(hooks.Backend):
     def _show(self, run, force: bool = False):
         now = time.monotonic()
         if not force and now - self._printed_at.get(run.run_id, -np.inf) < self.interval:
+            self._unshown[run.run_id] = True
             return
         self._printed_at[run.run_id] = now
+        self._unshown[run.run_id] = False
         if self.live_table:
             self._refresh_live()
         else:

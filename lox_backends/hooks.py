@@ -97,15 +97,19 @@ class BackendSpec:
     `backend` is the Backend subclass, or a ``"module:attribute"`` string that
     is imported only when the backend is used (so that a plugin whose heavy
     dependencies are missing can still be listed). `requires` names the modules
-    the backend needs and `extra` the ``pip install 'jax-lox[extra]'`` (or any
-    install hint) that provides them.
+    the backend needs; `install` is the command that installs them (for lox's
+    own backends, its extra: ``pip install 'jax-lox[mlflow]'``), shown when one
+    is missing.
     """
 
     name: str
     backend: type[Backend] | str
     description: str = ""
     requires: tuple[str, ...] = ()
-    extra: str | None = None
+    install: str | None = None
+
+    def install_hint(self) -> str:
+        return self.install or f"pip install {' '.join(self.missing() or self.requires)}"
 
     def missing(self) -> list[str]:
         """The required modules that are not installed."""

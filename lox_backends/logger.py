@@ -39,6 +39,7 @@ from lox_core.logdict import NO_STEP, logdict
 
 DEFAULT_CONFIG = "parquet:lox-runs"
 DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the writer
+DEFAULT_FLUSH_EVERY = 5.0  # seconds between automatic flushes of the backends
 
 
 @jax.tree_util.register_dataclass
@@ -57,7 +58,9 @@ class BackendError(RuntimeError):
 class _Writer:
     """One thread that calls the backends, in submission order."""
 
-    def __init__(self, name: str, max_pending: int = 256):
+    def __init__(self, name: str, every: float, periodic: Callable[[], None], max_pending: int = 256):
+        self._every = every
+        self._periodic = periodic  # run every `every` seconds, busy or idle
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -74,15 +77,25 @@ class _Writer:
         self._queue.put(task)  # blocks when the writer is far behind: bounded memory
 
     def _run(self) -> None:
+        due = time.monotonic() + self._every
         while True:
-            task = self._queue.get()
             try:
-                task()
-            except BaseException as error:  # kept and raised in the user's thread
-                with self._lock:
-                    self._errors.append(error)
-            finally:
+                task = self._queue.get(timeout=max(due - time.monotonic(), 0.0))
+            except queue.Empty:
+                task = None
+            if task is not None:
+                self._call(task)
                 self._queue.task_done()
+            if time.monotonic() >= due:
+                self._call(self._periodic)
+                due = time.monotonic() + self._every
+
+    def _call(self, task) -> None:
+        try:
+            task()
+        except BaseException as error:  # kept and raised in the user's thread
+            with self._lock:
+                self._errors.append(error)
 
     def wait(self, timeout: float | None) -> None:
         """Return when every task submitted so far has run, or raise TimeoutError."""
@@ -100,7 +113,8 @@ class _Writer:
             errors, self._errors = self._errors, []
         if errors:
             more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-            raise BackendError(f"lox: a backend failed while writing: {errors[0]!r}{more}") from errors[0]
+            first = str(errors[0]) if isinstance(errors[0], BackendError) else repr(errors[0])
+            raise BackendError(f"lox: a backend failed while writing: {first}{more}") from errors[0]
 
 
 _live_loggers: "weakref.WeakSet[Logger]" = weakref.WeakSet()
@@ -124,7 +138,13 @@ class Logger:
     ([1.0, 0.5, 0.25], [0, 1, 2])
     """
 
-    def __init__(self, backends: Sequence[hooks.Backend], name: str = "lox", timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        backends: Sequence[hooks.Backend],
+        name: str = "lox",
+        timeout: float = DEFAULT_TIMEOUT,
+        flush_every: float = DEFAULT_FLUSH_EVERY,
+    ):
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
         # One conversion now, in the caller's thread: the writer thread converts
@@ -145,7 +165,8 @@ class Logger:
         self._last_steps: dict[tuple[int, str], int] = {}  # (run, key) → highest step sent
         self._warned: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
-        self._writer = _Writer(safe)
+        self._dirty = False  # written to since the last flush
+        self._writer = _Writer(safe, flush_every, self._flush_if_dirty)
         self._closed = False
         _live_loggers.add(self)
 
@@ -201,7 +222,7 @@ class Logger:
             run = hooks.RunInfo(f"{self.group}-{number}", name, self.group, number, metadata)
             self._runs.append(run)
             self._open.add(number)
-        self._writer.submit(lambda: [b.open_run(run) for b in self.backends])
+        self._writer.submit(lambda: self._each_backend(lambda b: b.open_run(run)))
         return number
 
     def runs(self) -> list[hooks.RunInfo]:
@@ -268,18 +289,29 @@ class Logger:
     def _write_batch(self, batch_ndim: int, run, logs: logdict) -> None:
         run = np.asarray(run)
         logs = jax.tree_util.tree_map(np.asarray, logs)
+        failed = None
         for index in np.ndindex(run.shape[:batch_ndim]):
             part = jax.tree_util.tree_map(lambda x: x[index], logs) if batch_ndim else logs
             info = self._runs[int(run[index])]
             table = self._ordered_table(info, part)
-            for backend in self.backends:
-                backend.write_batch(info, table)
+            try:
+                self._each_backend(lambda b: b.write_batch(info, table))
+            except BackendError as error:  # the other seeds' runs still get theirs
+                failed = failed or error
+            self._dirty = True
+        if failed is not None:
+            raise failed
+
+    def _flush_if_dirty(self) -> None:
+        # A crash loses at most `flush_every` seconds of logs.
+        if self._dirty:
+            self._flush_all()
 
     def _write_event(self, number: int, event: logdict) -> None:
         info = self._runs[number]
         self._check_steps(info, event)
-        for backend in self.backends:
-            backend.write_event(info, event)
+        self._each_backend(lambda b: b.write_event(info, event))
+        self._dirty = True
 
     def _ordered_table(self, run: hooks.RunInfo, logs: logdict):
         import pyarrow.compute as pc
@@ -321,8 +353,25 @@ class Logger:
         """Wait until everything logged so far has reached the backends (and they
         flushed it); raise what a backend raised."""
         jax.effects_barrier()  # tapped events still on their way from the device
-        self._writer.submit(lambda: [b.flush() for b in self.backends])
+        self._writer.submit(self._flush_all)
         self._writer.wait(self.timeout if timeout is None else timeout)
+
+    def _flush_all(self) -> None:
+        self._dirty = False
+        self._each_backend(lambda b: b.flush())
+
+    def _each_backend(self, call: Callable[[hooks.Backend], None]) -> None:
+        """`call` on every backend; one backend's error does not keep the others
+        from their data (the errors are raised together afterwards)."""
+        errors = []
+        for backend in self.backends:
+            try:
+                call(backend)
+            except Exception as error:  # noqa: BLE001 - re-raised below, with the backend named
+                errors.append(BackendError(f"{type(backend).__name__}: {error!r}"))
+                errors[-1].__cause__ = error
+        if errors:
+            raise errors[0] if len(errors) == 1 else BackendError("; ".join(str(e) for e in errors))
 
     def finish(self, state: LoggerState, timeout: float | None = None) -> None:
         """Close the state's runs (all seeds) after everything logged to them has
@@ -339,7 +388,7 @@ class Logger:
             closing = [self._runs[n] for n in numbers if n in self._open]
             self._open.difference_update(numbers)
         for run in closing:
-            self._writer.submit(lambda run=run: [b.close_run(run) for b in self.backends])
+            self._writer.submit(lambda run=run: self._each_backend(lambda b: b.close_run(run)))
         self.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:
@@ -347,7 +396,7 @@ class Logger:
         if self._closed:
             return
         self.flush(timeout)
-        self._writer.submit(lambda: [b.close() for b in self.backends])
+        self._writer.submit(lambda: self._each_backend(lambda b: b.close()))
         self._writer.wait(self.timeout if timeout is None else timeout)
         self._closed = True
 
@@ -373,7 +422,13 @@ def _flush_at_exit() -> None:
 
 
 # --- constructing loggers -----------------------------------------------------------------
-def from_config(config: str | None = None, *, name: str = "lox", timeout: float = DEFAULT_TIMEOUT) -> Logger:
+def from_config(
+    config: str | None = None,
+    *,
+    name: str = "lox",
+    timeout: float = DEFAULT_TIMEOUT,
+    flush_every: float = DEFAULT_FLUSH_EVERY,
+) -> Logger:
     """A Logger for a config string such as ``"console,parquet:runs"``.
 
     Without `config`, the ``LOX_BACKENDS`` environment variable is used, and
@@ -385,7 +440,7 @@ def from_config(config: str | None = None, *, name: str = "lox", timeout: float 
     """
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
-    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout)
+    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every)
 
 
 def backend_logger(backend: str, target: str | None = None, *, name: str = "lox", **options) -> Logger:

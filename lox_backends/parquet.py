@@ -1,6 +1,9 @@
 """The ``parquet`` backend: every run is a folder of Parquet files, written append-only.
 
-Config string ``parquet:DIR`` (``parquet`` alone writes into ``lox-runs``). The
+Config string ``parquet:DIR?compression=snappy&rows_per_file=262144``
+(``parquet`` alone writes into ``lox-runs``). Batches and tapped events wait in
+memory until the next `flush` (the Logger flushes every few seconds and when a
+run finishes) or until `rows_per_file` rows wait, then become one file. The
 layout on disk::
 
     DIR/
@@ -8,7 +11,7 @@ layout on disk::
         _run.json                      run_id, name, group, index, metadata,
                                        created (ISO-8601, UTC), lox_version,
                                        status ("running", then "finished" with ended)
-        batch-000000-3f9c01ab.parquet  one file per batch, never modified again
+        batch-000000-3f9c01ab.parquet  one file per flush, never modified again
         batch-000001-b72e5d10.parquet
         ...
 
@@ -20,7 +23,7 @@ same name. Keys are data inside the tables and never become file names.
 
 Every file is written under a hidden name (starting with ``.``) and renamed into
 place, so a reader never sees a partial file: reading a run while it is being
-written, or after its writer was killed, shows whole batches only. `flush` (and
+written, or after its writer was killed, shows whole flushes only. `flush` (and
 `close_run`, `close`) also fsyncs what was written, so that flushed batches
 survive a power loss too.
 
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 
 DEFAULT_DIR = "lox-runs"
 RUN_FILE = "_run.json"
+DEFAULT_ROWS_PER_FILE = 262_144  # batches are kept until a flush, or until this many rows wait
 _BATCH = re.compile(r"batch-(\d+)-([0-9a-f]{8})\.parquet")
 
 
@@ -68,13 +72,14 @@ class ParquetBackend(hooks.Backend):
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        unknown = sorted(set(self.options) - {"compression"})
+        unknown = sorted(set(self.options) - {"compression", "rows_per_file"})
         if unknown:
             raise ValueError(
-                f"the parquet backend has no option {unknown[0]!r}; its only option is "
-                "compression, e.g. 'parquet:runs?compression=zstd'."
+                f"the parquet backend has no option {unknown[0]!r}; its options are compression and "
+                "rows_per_file, e.g. 'parquet:runs?compression=zstd&rows_per_file=100000'."
             )
         self.compression = self.options.get("compression", "snappy")
+        self.rows_per_file = int(self.options.get("rows_per_file", DEFAULT_ROWS_PER_FILE))
         # Imported in the thread that creates the backend: a first import in the
         # writer thread while the interpreter exits (flushing) would fail.
         import pyarrow.parquet  # noqa: F401
@@ -94,24 +99,29 @@ class ParquetBackend(hooks.Backend):
 
     def write_batch(self, run: hooks.RunInfo, table: "pa.Table") -> None:
         state = self._state(run)
-        # Tapped events that arrived before this batch go first, to keep arrival order.
-        self._write_events(state)
-        self._write_table(state, table)
+        state.pending.append(table)
+        state.pending_rows += table.num_rows
+        if state.pending_rows >= self.rows_per_file:
+            self._write_pending(state)
 
     def write_event(self, run: hooks.RunInfo, event: "logdict") -> None:
         import numpy as np
 
+        state = self._state(run)
         # A copy: the callback's arrays may be views of buffers that are reused.
-        self._state(run).events.append(event.map_series(np.array))
+        state.pending.append(event.map_series(np.array))
+        state.pending_rows += 1
+        if state.pending_rows >= self.rows_per_file:
+            self._write_pending(state)
 
     def flush(self) -> None:
         for state in self._runs.values():
-            self._write_events(state)
+            self._write_pending(state)
         self._sync()
 
     def close_run(self, run: hooks.RunInfo) -> None:
         state = self._state(run)
-        self._write_events(state)
+        self._write_pending(state)
         self._sync()
         state.info["status"] = "finished"
         state.info["ended"] = _now()
@@ -149,14 +159,34 @@ class ParquetBackend(hooks.Backend):
             self._write_run_json(state)  # a batch without open_run still makes a loadable run
         return state
 
-    def _write_events(self, state: _RunState) -> None:
-        if not state.events:
-            return
-        from lox_core.arrow import to_arrow
-        from lox_core.logdict import concat
+    def _write_pending(self, state: _RunState) -> None:
+        """What arrived since the last file, in arrival order, as few files as
+        possible: one per run of batches with the same schema (a training loop's
+        batches all have one), tapped events converted together."""
+        import pyarrow as pa
 
-        events, state.events = state.events, []
-        self._write_table(state, to_arrow(concat(events), run=state.info["run_id"]))
+        from lox_core.arrow import to_arrow
+        from lox_core.logdict import concat, logdict
+
+        pending, state.pending, state.pending_rows = state.pending, [], 0
+        tables: list = []
+        for item in pending:
+            if isinstance(item, logdict):
+                if tables and isinstance(tables[-1], list):
+                    tables[-1].append(item)
+                else:
+                    tables.append([item])
+            else:
+                tables.append(item)
+        tables = [to_arrow(concat(t), run=state.info["run_id"]) if isinstance(t, list) else t for t in tables]
+        group: list = []
+        for table in tables:
+            if group and not table.schema.equals(group[0].schema, check_metadata=True):
+                self._write_table(state, pa.concat_tables(group))
+                group = []
+            group.append(table)
+        if group:
+            self._write_table(state, pa.concat_tables(group))
 
     def _write_table(self, state: _RunState, table: "pa.Table") -> None:
         import pyarrow.parquet as pq
@@ -205,13 +235,14 @@ class ParquetBackend(hooks.Backend):
 
 
 class _RunState:
-    __slots__ = ("folder", "info", "next_seq", "events")
+    __slots__ = ("folder", "info", "next_seq", "pending", "pending_rows")
 
     def __init__(self, folder: str, info: dict[str, Any], next_seq: int):
         self.folder = folder
         self.info = info
         self.next_seq = next_seq
-        self.events: list = []
+        self.pending: list = []  # tables and tapped events not written yet, in arrival order
+        self.pending_rows = 0
 
 
 # --- reading -------------------------------------------------------------------------

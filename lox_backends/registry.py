@@ -13,11 +13,12 @@ import difflib
 import importlib.metadata
 import os
 import threading
+import warnings
 
 import pluggy
 
 from lox_backends import hooks
-from lox_backends.config import BackendConfig, mask_secrets
+from lox_backends.config import BACKEND_NAME, BackendConfig, mask_secrets
 
 OWN_DISTRIBUTION = "jax-lox"
 # lox's own plugins, used only when lox runs from a source tree without being
@@ -87,7 +88,17 @@ class Registry:
             plugin_name = f"{package}:{ep.name}"
             if self.plugin_manager.has_plugin(plugin_name):
                 continue
-            self.plugin_manager.register(ep.load(), name=plugin_name)
+            try:
+                plugin = ep.load()
+            except Exception as error:  # noqa: BLE001 - one broken plugin must not take the others down
+                warnings.warn(
+                    f"lox: the plugin {ep.name!r} of package {package} failed to load and is skipped: {error!r}. "
+                    f"Reinstall or uninstall {package}.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                continue
+            self.plugin_manager.register(plugin, name=plugin_name)
             packages[plugin_name] = package
         if not any(_normalise(p) == OWN_DISTRIBUTION for p in packages.values()):
             for name, module in _OWN_PLUGINS.items():
@@ -137,7 +148,7 @@ class Registry:
         spec = found[0].spec
         missing = spec.missing()
         if missing:
-            how = f"pip install 'jax-lox[{spec.extra}]'" if spec.extra else f"pip install {' '.join(missing)}"
+            how = spec.install_hint()
             raise BackendUnavailable(
                 f"the lox backend {name!r} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
                 f"not installed: run `{how}`."
@@ -156,6 +167,11 @@ def _add_offers(offers: dict[str, list[Offer]], impl, package: str) -> None:
             raise TypeError(
                 f"the lox plugin {impl.plugin_name!r} (package {package}) returned {spec!r} from "
                 "lox_backends(); return a list of lox_backends.hooks.BackendSpec."
+            )
+        if not BACKEND_NAME.fullmatch(spec.name):
+            raise ValueError(
+                f"the lox plugin {impl.plugin_name!r} (package {package}) offers a backend named {spec.name!r}, "
+                "which no config string can name: use letters, digits, '_', '.' and '-', starting with a letter."
             )
         offers.setdefault(spec.name, []).append(Offer(spec, package))
 

@@ -154,4 +154,4 @@ def tap_with_context(
             jax.effects_barrier()
         return out
 
-    return call
+    return wraps(fun, call, compiled)  # holds `fun`, which the cache refers to weakly

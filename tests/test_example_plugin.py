@@ -86,10 +86,11 @@ def test_a_training_loop_over_three_seeds_round_trips(tmp_path):
     xs, ys, xv, yv = data(jax.random.key(42))
     spooled = jax.jit(jax.vmap(lambda s, p, x, y, start: logger.spool(train, s)(p, x, y, start),
                                in_axes=(0, 0, None, None, None)))
+    tapped = jax.vmap(lambda s, p, step: logger.tap(evaluate, s)(p, xv, yv, step), in_axes=(0, 0, None))
     params = jax.vmap(init_params)(keys)
     for epoch in range(EPOCHS):
         params = spooled(states, params, xs[epoch], ys[epoch], epoch * STEPS)
-        jax.vmap(lambda s, p: logger.tap(evaluate, s)(p, xv, yv, (epoch + 1) * STEPS))(states, params)
+        tapped(states, params, (epoch + 1) * STEPS)
     logger.finish(states)
 
     runs = logger.runs()

@@ -155,11 +155,14 @@ def test_backend_errors_surface_on_the_next_call_and_at_finish():
         def write_batch(self, run, table):
             raise OSError("disk full")
 
-    logger = Logger([Failing()])
-    state = logger.init()
-    logger.spool(train, state)(0.5, jnp.ones(3))
-    with pytest.raises(BackendError, match=r"a backend failed while writing: OSError\('disk full'\)"):
-        logger.finish(state)
+    working = MemoryBackend()
+    logger = Logger([Failing(), working])
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+    jax.vmap(lambda s, w: logger.spool(train, s)(w, jnp.ones(3)))(states, jnp.ones(2))
+    with pytest.raises(BackendError, match=r"a backend failed while writing: Failing: OSError\('disk full'\)"):
+        logger.finish(states)
+    # The other backend got every seed's batch.
+    assert [len(working.tables(r.run_id)) for r in logger.runs()] == [1, 1]
 
 
 def test_rows_are_ordered_by_step_and_a_backwards_step_warns_once():

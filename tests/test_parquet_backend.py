@@ -129,10 +129,23 @@ def test_batches_and_events_keep_arrival_order(tmp_path):
     np.testing.assert_array_equal(logs.step["loss"], [0, 1, 2, 3, 4, 5, 6])
     np.testing.assert_array_equal(logs["loss"], concat(writes)["loss"])
     np.testing.assert_array_equal(logs.step["w"], [0, 1, 4, 5])
-    # Events buffered before a batch are written before it: four files, in that order.
+    # Everything waits for the flush, which writes it as one file, in arrival order.
     batches = sorted(p.name for p in (tmp_path / "run-0").glob("batch-*.parquet"))
-    assert [int(name.split("-")[1]) for name in batches] == [0, 1, 2, 3]
-    assert [pq.read_table(tmp_path / "run-0" / b).num_rows for b in batches] == [6, 2, 6, 1]
+    assert [int(name.split("-")[1]) for name in batches] == [0]
+    assert pq.read_table(tmp_path / "run-0" / batches[0]).num_rows == 15
+
+
+def test_one_file_per_flush_or_per_rows_per_file(tmp_path):
+    backend = ParquetBackend(str(tmp_path), {"rows_per_file": "12"})
+    run = hooks.RunInfo("r", name="r", group="g")
+    backend.open_run(run)
+    for i in range(5):
+        backend.write_batch(run, to_arrow(make_logs(2 * i, 2), run="r"))  # 6 rows each
+    assert len(list((tmp_path / "r").glob("batch-*.parquet"))) == 2  # 12 rows waited twice
+    backend.flush()
+    files = sorted((tmp_path / "r").glob("batch-*.parquet"))
+    assert [pq.read_table(f).num_rows for f in files] == [12, 12, 6]
+    np.testing.assert_array_equal(parquet.load(tmp_path / "r").step["loss"], np.arange(10))
 
 
 def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
@@ -335,7 +348,7 @@ def test_two_processes_writing_one_run_lose_nothing(tmp_path):
     procs = start_writers(root, tmp_path / "go", [("shared", 0), ("shared", 1000)])
     for proc in procs:
         finish(proc)
-    assert len(list((root / "shared").glob("batch-*.parquet"))) == 40
+    assert len(list((root / "shared").glob("batch-*.parquet"))) == 8  # 4 flushes per writer
     steps = parquet.load(root / "shared").step["loss"]
     np.testing.assert_array_equal(np.sort(steps), np.concatenate([np.arange(60), 1000 + np.arange(60)]))
 
@@ -427,6 +440,7 @@ def test_compression_option(tmp_path):
     backend = ParquetBackend(str(tmp_path), {"compression": "zstd"})
     run = hooks.RunInfo("r", name="r", group="g")
     backend.write_batch(run, to_arrow(make_logs(0, 3), run="r"))  # also: no open_run needed
+    backend.flush()
     path = next((tmp_path / "r").glob("batch-*.parquet"))
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
     assert parquet.runs(tmp_path)[0]["status"] == "running"

@@ -42,7 +42,7 @@ def test_missing_extra_names_the_pip_command():
     class Plugin:
         @hooks.hookimpl
         def lox_backends(self):
-            return [hooks.BackendSpec("needs-x", "nowhere:Backend", requires=("lox_no_such_module",), extra="x")]
+            return [hooks.BackendSpec("needs-x", "nowhere:Backend", requires=("lox_no_such_module",), install="pip install 'jax-lox[x]'")]
 
     fresh = Registry()
     fresh.register(Plugin(), name="needs-x-plugin")

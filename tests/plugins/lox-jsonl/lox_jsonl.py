@@ -8,9 +8,9 @@ the events arrive (the rows of a spooled batch are ordered by step)::
     {"key": "loss", "steps": {"step": 0}, "value": 0.25}
     {"key": "w", "steps": {"step": 0}, "value": [0.5, -1.0, 2.0]}
 
-Scalars are written as the table's float64 ``value``; arrays (and 64-bit
-integer scalars) as nested lists; complex numbers as strings. Keys are only
-ever written inside the files, never used in a path.
+Scalars come from the table's float64 ``value``; arrays, 64-bit integers and
+complex numbers from its raw ``data`` (arrays as nested lists, complex numbers
+as strings). Keys are only ever written inside the files, never used in a path.
 """
 
 from __future__ import annotations
