@@ -132,3 +132,45 @@ def scan_debug_callback(callback):
 
 def count_sines(compiled) -> int:
     return len(re.findall(r" sine\(", compiled.as_text()))
+
+
+# --- a training step, for the loggers' throughput --------------------------------------
+WIDTH, BATCH = 512, 512
+
+
+def mlp_init(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    scale = 1.0 / WIDTH**0.5
+    return {"w1": jax.random.normal(k1, (WIDTH, WIDTH)) * scale, "w2": jax.random.normal(k2, (WIDTH, WIDTH)) * scale,
+            "w3": jax.random.normal(k3, (WIDTH, 1)) * scale}
+
+
+def _mlp_step(params, x, y):
+    def loss_fn(p):
+        h = jnp.tanh(jnp.tanh(x @ p["w1"]) @ p["w2"])
+        return jnp.mean((h @ p["w3"] - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    grad_norm = jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree_util.tree_leaves(grads)))
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads), loss, grad_norm
+
+
+def train_step_logged(params, x, y, i):
+    params, loss, grad_norm = _mlp_step(params, x, y)
+    lox.log({"loss": loss, "grad_norm": grad_norm}, step=i)
+    return params
+
+
+def train_step_plain(params, x, y, i):
+    return _mlp_step(params, x, y)[0]
+
+
+def scan_tapped_scalar(xs):
+    """200 steps, one tapped scalar per step."""
+    def body(c, ix):
+        i, x = ix
+        c = c * 0.9 + x
+        lox.log({"c": c}, step=i)
+        return c, None
+
+    return jax.lax.scan(body, 0.0, (jnp.arange(xs.shape[0]), xs))[0]

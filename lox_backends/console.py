@@ -62,6 +62,12 @@ class ConsoleBackend(hooks.Backend):
             latest[key] = (shown, {n: int(np.asarray(per_key[key])[0]) for n, per_key in event.steps.items() if key in per_key})
         self._show(run)
 
+    def write_events(self, run, events):
+        # Only the latest values are shown: the last event of the block.
+        n = max((len(_leaves(v)[0]) for v in events.values()), default=0)
+        if n:
+            self.write_event(run, events.slice[n - 1 :])
+
     def close_run(self, run):
         if self._unshown.get(run.run_id):
             self._show(run, force=True)  # the final values, if the last update was throttled
@@ -87,6 +93,7 @@ class ConsoleBackend(hooks.Backend):
     def _refresh_live(self):
         from rich.live import Live
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title="lox")
         keys = list(dict.fromkeys(k for latest in self._latest.values() for k in latest))
@@ -95,14 +102,14 @@ class ConsoleBackend(hooks.Backend):
             table.add_column(column)
         for run_id, latest in self._latest.items():
             newest = {n: max((steps[n] for _, steps in latest.values() if n in steps), default="") for n in step_names}
-            table.add_row(
-                self._names.get(run_id, run_id),
-                *[str(newest[n]) for n in step_names],
-                *[_short(latest[k][0]) if k in latest else "" for k in keys],
-            )
+            cells = [self._names.get(run_id, run_id), *[str(newest[n]) for n in step_names],
+                     *[_short(latest[k][0]) if k in latest else "" for k in keys]]
+            table.add_row(*[Text(c) for c in cells])  # Text: "[array]" is not rich markup
         if self._live is None:
+            from rich.console import Console
+
             # Redrawn by rich at most 4 times per second, whatever the log rate.
-            self._live = Live(table, refresh_per_second=4, auto_refresh=True)
+            self._live = Live(table, console=Console(file=self.stream), refresh_per_second=4, auto_refresh=True)
             self._live.start()
         else:
             self._live.update(table)

@@ -35,11 +35,13 @@ from lox_backends import hooks
 from lox_backends.config import BackendConfig, parse
 from lox_backends.registry import registry
 from lox_core.host import host_call
-from lox_core.logdict import NO_STEP, logdict
+from lox_core.logdict import NO_STEP, concat, logdict
 
 DEFAULT_CONFIG = "parquet:lox-runs"
 DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the writer
 DEFAULT_FLUSH_EVERY = 5.0  # seconds between automatic flushes of the backends
+BATCHES_EVERY = 0.25  # seconds batches and tapped events wait to be sent together
+MAX_WAITING = 256
 
 
 @jax.tree_util.register_dataclass
@@ -165,8 +167,11 @@ class Logger:
         self._last_steps: dict[tuple[int, str], int] = {}  # (run, key) → highest step sent
         self._warned: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
+        self._waiting: list = []  # batches and events waiting for the writer's next tick
         self._dirty = False  # written to since the last flush
-        self._writer = _Writer(safe, flush_every, self._flush_if_dirty)
+        self._flush_every = flush_every
+        self._next_flush = time.monotonic() + flush_every
+        self._writer = _Writer(safe, BATCHES_EVERY, self._tick)
         self._closed = False
         _live_loggers.add(self)
 
@@ -280,38 +285,96 @@ class Logger:
             self._writer.submit(lambda: self._write_batch(len(batch_shape), run, logs))
 
     def _receive_batch(self, batch_ndim: int, run, logs) -> None:
+        # Copies: the host call's arrays may be buffers that XLA reuses.
+        run, logs = np.array(run), jax.tree_util.tree_map(np.array, logs)
         self._writer.submit(lambda: self._write_batch(batch_ndim, run, logs))
 
-    def _receive_event(self, event: logdict, run) -> None:
-        self._writer.submit(lambda: self._write_event(int(run), event))
+    def _receive_event(self, batch_ndim: int, event: logdict, run, took) -> None:
+        # One task for all seeds: the host call returns at once, the writer splits.
+        self._writer.submit(lambda: self._write_event(batch_ndim, event, run, took))
 
     # --- in the writer thread --------------------------------------------------------
     def _write_batch(self, batch_ndim: int, run, logs: logdict) -> None:
-        run = np.asarray(run)
-        logs = jax.tree_util.tree_map(np.asarray, logs)
-        failed = None
-        for index in np.ndindex(run.shape[:batch_ndim]):
-            part = jax.tree_util.tree_map(lambda x: x[index], logs) if batch_ndim else logs
-            info = self._runs[int(run[index])]
-            table = self._ordered_table(info, part)
+        self._enqueue(("batch", batch_ndim, run, logs, None))
+
+    def _write_event(self, batch_ndim: int, event: logdict, run, took) -> None:
+        self._enqueue(("events", batch_ndim, run, event, took))
+
+    def _enqueue(self, item) -> None:
+        # Batches and tapped events wait a moment (`_tick`) and leave together:
+        # one Arrow table per run for many spooled calls, one block per run for
+        # many events. A loop that logs every step (or 64 seeds that stream)
+        # then costs the writer, and the cores it shares with training, little.
+        self._waiting.append(item)
+        if len(self._waiting) >= MAX_WAITING:
+            self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """Send what waits, in order: consecutive batches together, consecutive
+        events of one structure together."""
+        waiting, self._waiting = self._waiting, []
+        groups: list[list] = []
+        for item in waiting:
+            if groups and _same_group(groups[-1][-1], item):
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        for group in groups:
+            (self._send_batches if group[0][0] == "batch" else self._send_events)(group)
+
+    def _send_batches(self, group) -> None:
+        by_run: dict[int, list[logdict]] = {}
+        for _, batch_ndim, run, logs, _ in group:
+            run, logs = np.asarray(run), jax.tree_util.tree_map(np.asarray, logs)
+            for index, part in _elements(batch_ndim, run, logs):
+                by_run.setdefault(int(run[index]), []).append(part)
+
+        def write(info, parts):
             try:
+                parts = [concat(parts)]
+            except ValueError:  # a key changed shape between calls: one table per call
+                pass
+            for part in parts:
+                table = self._ordered_table(info, part)
                 self._each_backend(lambda b: b.write_batch(info, table))
-            except BackendError as error:  # the other seeds' runs still get theirs
+
+        self._for_runs([(self._runs[number], parts) for number, parts in by_run.items()], write)
+
+    def _send_events(self, group) -> None:
+        _, batch_ndim, run, _, _ = group[0]
+        # Events of one structure, stacked along their event axis (after the batch axes).
+        events = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=batch_ndim), *[g[3] for g in group])
+        took = np.stack([np.asarray(g[4]) for g in group], axis=-1)  # (*batch, events)
+        run = np.asarray(run)
+        items = []
+        for index, part in _elements(batch_ndim, run, events):
+            if took[index].any():
+                items.append((self._runs[int(run[index])], jax.tree_util.tree_map(lambda x: x[took[index]], part)))
+
+        def write(info, part):
+            self._check_steps(info, part)
+            self._each_backend(lambda b: b.write_events(info, part))
+
+        self._for_runs(items, write)
+
+    def _for_runs(self, items, write) -> None:
+        """`write(run info, data)` for each item; one run's failure does not
+        keep the others from their data."""
+        failed = None
+        for info, data in items:
+            try:
+                write(info, data)
+            except BackendError as error:
                 failed = failed or error
             self._dirty = True
         if failed is not None:
             raise failed
 
-    def _flush_if_dirty(self) -> None:
+    def _tick(self) -> None:
+        self._send_waiting()
         # A crash loses at most `flush_every` seconds of logs.
-        if self._dirty:
+        if self._dirty and time.monotonic() >= self._next_flush:
             self._flush_all()
-
-    def _write_event(self, number: int, event: logdict) -> None:
-        info = self._runs[number]
-        self._check_steps(info, event)
-        self._each_backend(lambda b: b.write_event(info, event))
-        self._dirty = True
 
     def _ordered_table(self, run: hooks.RunInfo, logs: logdict):
         import pyarrow.compute as pc
@@ -357,7 +420,9 @@ class Logger:
         self._writer.wait(self.timeout if timeout is None else timeout)
 
     def _flush_all(self) -> None:
+        self._send_waiting()
         self._dirty = False
+        self._next_flush = time.monotonic() + self._flush_every
         self._each_backend(lambda b: b.flush())
 
     def _each_backend(self, call: Callable[[hooks.Backend], None]) -> None:
@@ -388,7 +453,7 @@ class Logger:
             closing = [self._runs[n] for n in numbers if n in self._open]
             self._open.difference_update(numbers)
         for run in closing:
-            self._writer.submit(lambda run=run: self._each_backend(lambda b: b.close_run(run)))
+            self._writer.submit(lambda run=run: (self._send_waiting(), self._each_backend(lambda b: b.close_run(run))))
         self.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:
@@ -404,6 +469,27 @@ class Logger:
         if self._closed:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
         self._writer.raise_errors()
+
+
+def _same_group(a, b) -> bool:
+    """Whether two waiting items can be sent together."""
+    if a[0] != b[0]:
+        return False
+    if a[0] == "batch":
+        return True
+    # Events: same batch axes, same runs, same keys, shapes and steps.
+    return (
+        a[1] == b[1]
+        and np.array_equal(np.asarray(a[2]), np.asarray(b[2]))
+        and jax.tree_util.tree_structure(a[3]) == jax.tree_util.tree_structure(b[3])
+        and [np.shape(x) for x in jax.tree_util.tree_leaves(a[3])] == [np.shape(x) for x in jax.tree_util.tree_leaves(b[3])]
+    )
+
+
+def _elements(batch_ndim: int, run: np.ndarray, logs: logdict):
+    """(index, that element's logs) for each element of the leading batch axes."""
+    for index in np.ndindex(run.shape[:batch_ndim]):
+        yield index, (jax.tree_util.tree_map(lambda x: x[index], logs) if batch_ndim else logs)
 
 
 def _primary_step(logs: logdict) -> str | None:

@@ -114,6 +114,15 @@ class ParquetBackend(hooks.Backend):
         if state.pending_rows >= self.rows_per_file:
             self._write_pending(state)
 
+    def write_events(self, run: hooks.RunInfo, events: "logdict") -> None:
+        import numpy as np
+
+        state = self._state(run)
+        state.pending.append(events.map_series(np.array))  # a block of events: one item
+        state.pending_rows += max((len(v) for v in _first_leaves(events)), default=0)
+        if state.pending_rows >= self.rows_per_file:
+            self._write_pending(state)
+
     def flush(self) -> None:
         for state in self._runs.values():
             self._write_pending(state)
@@ -232,6 +241,12 @@ class ParquetBackend(hooks.Backend):
             _fsync_dir(folder)  # makes the renames durable
         self._unsynced_files.clear()
         self._unsynced_dirs.clear()
+
+
+def _first_leaves(logs) -> list:
+    import jax
+
+    return [jax.tree_util.tree_leaves(v)[0] for v in logs.values()]
 
 
 class _RunState:

@@ -46,18 +46,22 @@ class TapHandler(Handler):
         callback, prefix, with_context = self.callback, self.prefix, self.with_context
 
         def deliver(batch_ndim, taken, vals, stps, context):
-            # Under vmap one host call carries the whole batch; each element
-            # that took its cond branch (all of them outside a cond) is one event.
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
+            # Elements that took their cond branch (all of them outside a cond).
+            took = np.ones(batch_shape, bool) if taken is None else np.reshape(taken, batch_shape)
+            if with_context:
+                # The batched event (batch axes, then the event axis) in one call.
+                # Copies (np.array): the callee may keep them, and XLA may reuse its buffers.
+                data = {prefix + k: jax.tree_util.tree_map(lambda x: np.expand_dims(np.array(x), batch_ndim), v) for k, v in zip(keys, vals)}
+                per_name = {n: dict.fromkeys(data, np.expand_dims(np.array(s), batch_ndim)) for n, s in zip(names, stps)}
+                callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
+                return
+            # Under vmap one host call carries the whole batch, delivered as one
+            # event per element.
             for index in np.ndindex(batch_shape):
-                if taken is not None and not np.all(taken[index]):
-                    continue
-                data = {prefix + k: jax.tree_util.tree_map(lambda x: x[index][None], v) for k, v in zip(keys, vals)}
-                event = logdict(data, {n: dict.fromkeys(data, s[index][None]) for n, s in zip(names, stps)})
-                if with_context:
-                    callback(event, jax.tree_util.tree_map(lambda x: x[index], context))
-                else:
-                    callback(event)
+                if took[index]:
+                    data = {prefix + k: jax.tree_util.tree_map(lambda x: x[index][None], v) for k, v in zip(keys, vals)}
+                    callback(logdict(data, {n: dict.fromkeys(data, s[index][None]) for n, s in zip(names, stps)}))
 
         context = _context.get() if with_context else None
         host_call(deliver, active, [values[k] for k in keys], [steps[n] for n in names], context)
@@ -127,9 +131,13 @@ def tap_with_context(
     wait: bool = True,
 ) -> Callable:
     """Like `tap`, for code that routes events: returns ``g(context, *args,
-    **kwargs)`` that runs ``fun(*args, **kwargs)`` and calls ``callback(event,
-    context)``, where `context` is a pytree of arrays (under `vmap`, the
-    element's own). Loggers pass their run ids this way. With ``wait=False`` an
+    **kwargs)`` that runs ``fun(*args, **kwargs)`` and, once per event, calls
+    ``callback(batch_ndim, event, context, took)``. Under `vmap` (`batch_ndim`
+    batch axes) that is still one call for the whole batch: `event`'s arrays
+    have the batch axes in front of the event axis, `context` (a pytree of
+    arrays, e.g. run ids) has them in front, and the boolean array `took` says
+    which elements logged the event (inside a cond, those that took the
+    branch). Loggers route events to runs this way. With ``wait=False`` an
     eager call returns without waiting for its callbacks (`jax.effects_barrier`
     waits for them).
     """

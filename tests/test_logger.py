@@ -177,9 +177,10 @@ def test_rows_are_ordered_by_step_and_a_backwards_step_warns_once():
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1
     assert "in run 'r' the step of 'loss' goes backwards (30 then 10)" in messages[0]
-    table = logger.backends[0].tables()[0]
-    assert table.column("step").to_pylist() == [10, 20, 30]
-    assert table.column("value").to_pylist() == [1.0, 2.0, 3.0]
+    # The two calls reached the backend together, as one table ordered by step.
+    (table,) = logger.backends[0].tables()
+    assert table.column("step").to_pylist() == [10, 10, 20, 20, 30, 30]
+    assert table.column("value").to_pylist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
 
 
 def test_bad_calls_raise_clearly():
@@ -257,3 +258,18 @@ def test_every_flushed_batch_survives_a_killed_training_process(tmp_path):
     got = logs["i"].tolist()
     assert got[: len(confirmed)] == [float(i) for i in confirmed]
     assert got == [float(i) for i in range(len(got))]  # in order, nothing partial
+
+
+def test_batches_of_many_calls_travel_together_and_keep_their_order_with_events():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    for i in range(50):
+        logger.log(state, lox.logdict({"x": np.array([i], np.float32)}, {"step": {"x": np.array([i])}}))
+    logger.tap(lambda: lox.log({"x": jnp.float32(50.0)}, step=50), state)()
+    logger.log(state, lox.logdict({"x": np.array([51], np.float32)}, {"step": {"x": np.array([51])}}))
+    logger.finish(state)
+    backend = logger.backends[0]
+    writes = backend.writes[logger.runs()[0].run_id]
+    assert len(backend.tables()) < 50  # not one table per call
+    assert backend.logs()["x"].tolist() == [float(i) for i in range(52)]
+    assert type(writes[-2]).__name__ == "logdict"  # the tapped event, between the batches

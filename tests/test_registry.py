@@ -114,3 +114,22 @@ def test_named_logger_constructors_exist_for_every_backend(tmp_path):
     assert type(lox.loggers.MemoryLogger().backends[0]).__name__ == "MemoryBackend"
     with pytest.raises(AttributeError, match="NoSuchLogger"):
         lox.loggers.NoSuchLogger()
+
+
+def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning_naming_its_package(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-broken", "lox_broken", "broken")
+    (tmp_path / "lox_broken.py").write_text("import lox_module_that_is_not_installed\n")
+    result = _run("import lox; lox.loggers.from_config('memory'); print('still works')", tmp_path)
+    assert result.stdout.strip() == "still works"
+    assert "the plugin 'lox_broken' of package lox-broken failed to load and is skipped" in result.stderr
+    assert "ModuleNotFoundError" in result.stderr
+
+
+def test_a_backend_name_no_config_string_can_reach_is_refused():
+    class Spaced:
+        @hooks.hookimpl
+        def lox_backends(self):
+            return [hooks.BackendSpec("my backend", hooks.Backend)]
+
+    with pytest.raises(ValueError, match=r"backend named 'my backend', which no config string can name"):
+        Registry().register(Spaced(), name="spaced")

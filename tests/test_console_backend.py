@@ -1,0 +1,64 @@
+"""The console backend: plain lines off a terminal, a live table on one, both rate-limited."""
+
+import io
+
+import numpy as np
+
+import lox
+from lox_backends import hooks
+from lox_backends.console import ConsoleBackend, plain_line
+from lox_core.arrow import to_arrow
+
+
+def batch(steps, loss, run="r"):
+    logs = lox.logdict({"loss": np.asarray(loss, np.float32), "w": np.ones((len(steps), 3), np.float32)},
+                       {"step": {"loss": np.asarray(steps), "w": np.asarray(steps)}})
+    return to_arrow(logs, run=run)
+
+
+def event(step, **values):
+    data = {k: np.asarray([v]) for k, v in values.items()}
+    return lox.logdict(data, {"step": dict.fromkeys(data, np.asarray([step]))})
+
+
+def test_plain_lines_show_the_latest_value_of_each_key_grouped_by_step():
+    backend = ConsoleBackend(None, {"interval": "0"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "train-0", "g")
+    backend.open_run(run)
+    backend.write_batch(run, batch([0, 1, 2], [3.0, 2.0, 1.5]))
+    backend.write_event(run, event(3, val_loss=0.25))
+    lines = backend.stream.getvalue().splitlines()
+    assert lines == ["[train-0] [step=2] loss=1.5 w=[array]", "[train-0] [step=2] loss=1.5 w=[array] [step=3] val_loss=0.25"]
+
+
+def test_plain_lines_are_rate_limited_and_the_last_values_shown_at_close():
+    backend = ConsoleBackend(None, {"interval": "3600"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "fast", "g")
+    backend.open_run(run)
+    for step in range(100):
+        backend.write_event(run, event(step, loss=float(step)))
+    assert backend.stream.getvalue().count("\n") == 1  # the first event only, then throttled
+    backend.close_run(run)
+    assert backend.stream.getvalue().splitlines()[-1] == "[fast] [step=99] loss=99"
+    backend.close_run(run)  # nothing new: no repeated line
+    assert backend.stream.getvalue().count("\n") == 2
+
+
+def test_live_table_on_a_terminal_has_a_row_per_run():
+    backend = ConsoleBackend(None, {"interval": "0"})
+    backend.stream = io.StringIO()
+    backend.live_table = True  # what a terminal gets
+    runs = [hooks.RunInfo(f"r{i}", f"seed-{i}", "g", i) for i in range(2)]
+    for i, run in enumerate(runs):
+        backend.open_run(run)
+        backend.write_batch(run, batch([0, 1], [1.0 + i, 0.5 + i], run=run.run_id))
+    backend.close()
+    shown = backend.stream.getvalue()
+    for text in ("run", "step", "loss", "seed-0", "seed-1", "0.5", "1.5", "[array]"):
+        assert text in shown
+
+
+def test_plain_line_formats_groups():
+    assert plain_line({"a": (1.0, {"step": 1}), "b": (2.0, {"step": 1}), "c": (3.0, {})}) == "[step=1] a=1 b=2 c=3"
