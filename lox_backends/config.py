@@ -20,8 +20,9 @@ import urllib.parse
 
 BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_SECRET_OPTION = re.compile(r"token|secret|password|passwd|api[_-]?key|auth|credential", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?<=://)([^/@:?]*):([^/@?]*)@")
+_SECRET_OPTION = re.compile(r"token|secret|pass|pwd|key|auth|bearer|credential|signature|sig$", re.IGNORECASE)
+# user:password@ in a URL; the password runs to the last "@" before the host.
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@:?]*):([^/?]*)@")
 
 
 class ConfigError(ValueError):

@@ -15,9 +15,7 @@ import numpy as np
 
 from lox_backends import hooks
 from lox_core import console
-
-
-_DATA_COLUMNS = ("run", "key", "value", "dtype", "shape", "data")
+from lox_core.logdict import ARROW_COLUMNS as _DATA_COLUMNS
 
 
 class ConsoleBackend(hooks.Backend):

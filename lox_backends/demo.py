@@ -89,8 +89,8 @@ def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, step
     logger.finish(states)
     logger.close()
 
-    saved = lox.load(directory)
     ours = {run.run_id for run in logger.runs()}
+    saved = {run_id: lox.load(os.path.join(directory, run_id)) for run_id in ours}  # not older runs in DIR
     print(f"\nlox demo: {len(ours)} runs ({seeds} seeds) saved under {os.path.abspath(directory)}")
     for run in logger.runs():
         logs = saved[run.run_id]

@@ -121,7 +121,7 @@ class BackendSpec:
 
     def missing(self) -> list[str]:
         """The required modules that are not installed."""
-        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return [m for m in self.requires if not _installed(m)]
 
     def load(self) -> Callable[..., Backend]:
         if isinstance(self.backend, str):
@@ -144,3 +144,10 @@ def _leaves(value) -> list:
     import jax
 
     return jax.tree_util.tree_leaves(value)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a dotted name whose parent package is missing
+        return False

@@ -35,6 +35,7 @@ from lox_backends import hooks
 from lox_backends.config import BackendConfig, parse
 from lox_backends.registry import registry
 from lox_core.host import host_call
+from lox_core.logdict import ARROW_COLUMNS as RESERVED_COLUMNS
 from lox_core.logdict import NO_STEP, concat, logdict
 
 DEFAULT_CONFIG = "parquet:lox-runs"
@@ -58,25 +59,50 @@ class BackendError(RuntimeError):
 
 
 class _Writer:
-    """One thread that calls the backends, in submission order."""
+    """One thread that calls the backends, in submission order.
+
+    Tasks from the user's thread wait while `max_pending` tasks are queued
+    (bounded memory), at most until their deadline. Tasks from JAX's callback
+    threads never wait and never raise: a callback that blocks or raises would
+    stall or break the computation it belongs to.
+    """
 
     def __init__(self, name: str, every: float, periodic: Callable[[], None], max_pending: int = 256):
         self._every = every
         self._periodic = periodic  # run every `every` seconds, busy or idle
-        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue = queue.Queue()
+        self._max_pending = max_pending
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._name = name
+        self._stopped = False
 
-    def submit(self, task: Callable[[], None]) -> None:
-        self.raise_errors()
-        if self._thread is None or not self._thread.is_alive():
+    def submit(self, task: Callable[[], None], timeout: float | None = None, check: bool = True) -> None:
+        """From the user's thread: raise what failed so far (if `check`), wait
+        while the writer is far behind (up to `timeout` seconds), queue `task`."""
+        if check:
+            self.raise_errors()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.qsize() >= self._max_pending and self._running():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timeout(timeout)
+            time.sleep(0.001)
+        self._put(task)
+
+    def submit_from_callback(self, task: Callable[[], None]) -> None:
+        self._put(task)
+
+    def _put(self, task) -> None:
+        if not self._running():
             with self._lock:
-                if self._thread is None or not self._thread.is_alive():
+                if not self._running() and not self._stopped:
                     self._thread = threading.Thread(target=self._run, name=f"lox-writer-{self._name}", daemon=True)
                     self._thread.start()
-        self._queue.put(task)  # blocks when the writer is far behind: bounded memory
+        self._queue.put(task)
+
+    def _running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         due = time.monotonic() + self._every
@@ -85,9 +111,10 @@ class _Writer:
                 task = self._queue.get(timeout=max(due - time.monotonic(), 0.0))
             except queue.Empty:
                 task = None
+            if task is _STOP:
+                return
             if task is not None:
                 self._call(task)
-                self._queue.task_done()
             if time.monotonic() >= due:
                 self._call(self._periodic)
                 due = time.monotonic() + self._every
@@ -99,16 +126,31 @@ class _Writer:
             with self._lock:
                 self._errors.append(error)
 
-    def wait(self, timeout: float | None) -> None:
-        """Return when every task submitted so far has run, or raise TimeoutError."""
+    def run_and_wait(self, tasks: list, timeout: float | None) -> None:
+        """Queue `tasks` even if something failed before, wait for them (all
+        within `timeout` seconds), then raise what failed, before or during."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left = lambda: None if deadline is None else max(deadline - time.monotonic(), 0.0)  # noqa: E731
         done = threading.Event()
-        self.submit(done.set)
-        if not done.wait(timeout):
-            raise TimeoutError(
-                f"lox: the writer of logger {self._name!r} did not finish within {timeout} s; "
-                "pass a longer timeout (e.g. `logger.finish(state, timeout=600)`) or check the backends."
-            )
+        for task in [*tasks, done.set]:
+            self.submit(task, left(), check=False)
+        if not done.wait(left()):
+            raise self._timeout(timeout)
         self.raise_errors()
+
+    def stop(self, wait: bool = True) -> None:
+        """End the thread once what is queued has run (waiting for it if `wait`)."""
+        self._stopped = True
+        if self._running():
+            self._queue.put(_STOP)
+            if wait:
+                self._thread.join()
+
+    def _timeout(self, timeout) -> TimeoutError:
+        return TimeoutError(
+            f"lox: the writer of logger {self._name!r} did not finish within {timeout} s; a backend is slow "
+            "or stuck. Pass a longer timeout (e.g. `logger.finish(state, timeout=600)`) or check the backends."
+        )
 
     def raise_errors(self) -> None:
         with self._lock:
@@ -117,6 +159,9 @@ class _Writer:
             more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
             first = str(errors[0]) if isinstance(errors[0], BackendError) else repr(errors[0])
             raise BackendError(f"lox: a backend failed while writing: {first}{more}") from errors[0]
+
+
+_STOP = object()  # ends the writer thread
 
 
 _live_loggers: "weakref.WeakSet[Logger]" = weakref.WeakSet()
@@ -165,6 +210,7 @@ class Logger:
         self._runs: list[hooks.RunInfo] = []
         self._open: set[int] = set()
         self._last_steps: dict[tuple[int, str], int] = {}  # (run, key) → highest step sent
+        self._kinds: dict[str, tuple] = {}  # key → (dtype, event shape)
         self._warned: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
         self._waiting: list = []  # batches and events waiting for the writer's next tick
@@ -227,7 +273,8 @@ class Logger:
             run = hooks.RunInfo(f"{self.group}-{number}", name, self.group, number, metadata)
             self._runs.append(run)
             self._open.add(number)
-        self._writer.submit(lambda: self._each_backend(lambda b: b.open_run(run)))
+        # Inside `jax.pure_callback`: must not block or raise.
+        self._writer.submit_from_callback(lambda: self._each_backend(lambda b: b.open_run(run)))
         return number
 
     def runs(self) -> list[hooks.RunInfo]:
@@ -243,8 +290,9 @@ class Logger:
         spooled = lox_core.spool.spool(fun, **options)
 
         def run(*args, **kwargs):
+            self._check_open()  # a backend's earlier failure: raised before the step, not after it
             out, logs = spooled(*args, **kwargs)
-            self.log(state, logs)
+            self._log(state, logs)
             return out
 
         return run
@@ -264,34 +312,63 @@ class Logger:
         """Write a logdict (e.g. spooled logs) to the state's runs; works inside
         and outside jit, and under vmap (one host call for all seeds)."""
         self._check_open()
+        self._log(state, logs)
+
+    def _log(self, state: LoggerState, logs: logdict) -> None:
         if not isinstance(logs, logdict):
             raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs), got {type(logs).__name__}.")
         if not isinstance(state, LoggerState):
             raise TypeError(f"`logger.log` takes the state returned by `logger.init`, got {type(state).__name__}.")
+        reserved = [n for n in logs.steps if n in RESERVED_COLUMNS]
+        if reserved:
+            raise ValueError(
+                f"`logger.log`: the step name {reserved[0]!r} is reserved for a column of lox's tables "
+                f"({', '.join(RESERVED_COLUMNS)}); rename the step, e.g. `lox.log(..., {reserved[0]}_step=i)`."
+            )
+        self._check_shapes(logs, np.ndim(state.run))
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((state, logs))):
-            host_call(self._receive_batch, state.run, logs)
-        else:
-            run = state.run
-            batch_shape = np.shape(run)
-            for key, value in logs.items():
-                for leaf in jax.tree_util.tree_leaves(value):
-                    if np.shape(leaf)[: len(batch_shape)] != batch_shape:
-                        raise ValueError(
-                            f"`logger.log`: the state holds runs of shape {batch_shape} (one per seed), but "
-                            f"{key!r} has shape {np.shape(leaf)}; its leading axes must be the runs' "
-                            "(call `logger.log` inside the vmapped function, or vmap the spooled function)."
-                        )
-            # Device arrays go to the writer as they are: no transfer in this thread.
-            self._writer.submit(lambda: self._write_batch(len(batch_shape), run, logs))
+            host_call(self._receive_batch, state.run, logs, guarded=False)
+            return
+        run = state.run
+        batch_shape = np.shape(run)
+        for key, value in [*logs.items(), *((f"the steps {n!r} of {k!r}", s) for n, d in logs.steps.items() for k, s in d.items())]:
+            for leaf in jax.tree_util.tree_leaves(value):
+                if np.shape(leaf)[: len(batch_shape)] != batch_shape:
+                    what = key if key.startswith("the steps") else repr(key)
+                    raise ValueError(
+                        f"`logger.log`: the state holds runs of shape {batch_shape} (one per seed), but "
+                        f"{what} has shape {np.shape(leaf)}; its leading axes must be the runs' "
+                        "(call `logger.log` inside the vmapped function, or vmap the spooled function)."
+                    )
+        # Device arrays go to the writer as they are (no transfer in this thread);
+        # NumPy arrays are copied, since the caller may reuse them.
+        logs = jax.tree_util.tree_map(lambda x: x if isinstance(x, jax.Array) else np.array(x), logs)
+        self._writer.submit(lambda: self._write_batch(len(batch_shape), run, logs))
+
+    def _check_shapes(self, logs: logdict, batch_ndim: int) -> None:
+        """A key keeps one dtype and event shape in all of a logger's runs (so that
+        its series stay one array); checked here, in the caller's thread."""
+        for key, value in logs.items():
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                name = key + jax.tree_util.keystr(path)
+                dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+                kind = (dtype, tuple(np.shape(leaf)[batch_ndim + 1 :]))
+                known = self._kinds.setdefault(name, kind)
+                if known != kind:
+                    raise ValueError(
+                        f"`logger.log`: {name!r} was logged as {known[0]}{list(known[1])} and now as "
+                        f"{kind[0]}{list(kind[1])}; a key keeps one dtype and shape in a logger's runs. "
+                        "Log the new values under another key (e.g. pad a smaller last batch, or log its mean)."
+                    )
 
     def _receive_batch(self, batch_ndim: int, run, logs) -> None:
         # Copies: the host call's arrays may be buffers that XLA reuses.
         run, logs = np.array(run), jax.tree_util.tree_map(np.array, logs)
-        self._writer.submit(lambda: self._write_batch(batch_ndim, run, logs))
+        self._writer.submit_from_callback(lambda: self._write_batch(batch_ndim, run, logs))
 
     def _receive_event(self, batch_ndim: int, event: logdict, run, took) -> None:
         # One task for all seeds: the host call returns at once, the writer splits.
-        self._writer.submit(lambda: self._write_event(batch_ndim, event, run, took))
+        self._writer.submit_from_callback(lambda: self._write_event(batch_ndim, event, run, took))
 
     # --- in the writer thread --------------------------------------------------------
     def _write_batch(self, batch_ndim: int, run, logs: logdict) -> None:
@@ -383,8 +460,10 @@ class Logger:
         table = logs.to_arrow(run=run.run_id)
         primary = _primary_step(logs)
         if primary is not None and table.num_rows:
-            # A stable sort: events of one step keep their program order.
-            table = table.take(pc.sort_indices(table, sort_keys=[(primary, "ascending")]))  # nulls last
+            steps = table.column(primary)
+            if not (steps.null_count == 0 and _non_decreasing(steps.to_numpy())):
+                # A stable sort: events of one step keep their program order.
+                table = table.take(pc.sort_indices(table, sort_keys=[(primary, "ascending")]))  # nulls last
         return table
 
     def _check_steps(self, run: hooks.RunInfo, logs: logdict) -> None:
@@ -416,14 +495,18 @@ class Logger:
         """Wait until everything logged so far has reached the backends (and they
         flushed it); raise what a backend raised."""
         jax.effects_barrier()  # tapped events still on their way from the device
-        self._writer.submit(self._flush_all)
-        self._writer.wait(self.timeout if timeout is None else timeout)
+        self._writer.run_and_wait([self._flush_all], self._timeout(timeout))
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
 
     def _flush_all(self) -> None:
-        self._send_waiting()
-        self._dirty = False
-        self._next_flush = time.monotonic() + self._flush_every
-        self._each_backend(lambda b: b.flush())
+        try:
+            self._send_waiting()
+        finally:  # what did arrive is made durable even if a part failed
+            self._dirty = False
+            self._next_flush = time.monotonic() + self._flush_every
+            self._each_backend(lambda b: b.flush())
 
     def _each_backend(self, call: Callable[[hooks.Backend], None]) -> None:
         """`call` on every backend; one backend's error does not keep the others
@@ -440,8 +523,10 @@ class Logger:
 
     def finish(self, state: LoggerState, timeout: float | None = None) -> None:
         """Close the state's runs (all seeds) after everything logged to them has
-        been written; raise what a backend raised. Call it outside jit."""
-        self._check_open()
+        been written; then raise what a backend raised, if anything did (the
+        runs are closed all the same). Call it outside jit."""
+        if self._closed:
+            raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state)):
             raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
         jax.effects_barrier()
@@ -452,18 +537,30 @@ class Logger:
                 raise ValueError(f"`logger.finish` got run number {unknown[0]}, which this logger did not open.")
             closing = [self._runs[n] for n in numbers if n in self._open]
             self._open.difference_update(numbers)
-        for run in closing:
-            self._writer.submit(lambda run=run: (self._send_waiting(), self._each_backend(lambda b: b.close_run(run))))
-        self.flush(timeout)
+
+        def close_run(run):
+            try:
+                self._send_waiting()
+            finally:  # closed even if sending failed (the error is raised after)
+                self._each_backend(lambda b: b.close_run(run))
+
+        tasks = [lambda run=run: close_run(run) for run in closing]
+        self._writer.run_and_wait([*tasks, self._flush_all], self._timeout(timeout))
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush and close every backend; the logger cannot be used afterwards."""
+        """Flush and close every backend and stop the writer; the logger cannot be
+        used afterwards. Raises what a backend raised."""
         if self._closed:
             return
-        self.flush(timeout)
-        self._writer.submit(lambda: self._each_backend(lambda b: b.close()))
-        self._writer.wait(self.timeout if timeout is None else timeout)
         self._closed = True
+        _live_loggers.discard(self)
+        jax.effects_barrier()
+        try:
+            self._writer.run_and_wait([self._flush_all, lambda: self._each_backend(lambda b: b.close())], self._timeout(timeout))
+        except TimeoutError:
+            self._writer.stop(wait=False)  # stuck in a backend: do not wait for it
+            raise
+        self._writer.stop()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -490,6 +587,10 @@ def _elements(batch_ndim: int, run: np.ndarray, logs: logdict):
     """(index, that element's logs) for each element of the leading batch axes."""
     for index in np.ndindex(run.shape[:batch_ndim]):
         yield index, (jax.tree_util.tree_map(lambda x: x[index], logs) if batch_ndim else logs)
+
+
+def _non_decreasing(x: np.ndarray) -> bool:
+    return bool(np.all(x[1:] >= x[:-1]))
 
 
 def _primary_step(logs: logdict) -> str | None:
@@ -529,10 +630,19 @@ def from_config(
     return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every)
 
 
-def backend_logger(backend: str, target: str | None = None, *, name: str = "lox", **options) -> Logger:
-    """A Logger for one backend by name: ``backend_logger("parquet", "runs")``."""
+def backend_logger(
+    backend: str,
+    target: str | None = None,
+    *,
+    name: str = "lox",
+    timeout: float = DEFAULT_TIMEOUT,
+    flush_every: float = DEFAULT_FLUSH_EVERY,
+    **options,
+) -> Logger:
+    """A Logger for one backend by name: ``backend_logger("parquet", "runs",
+    compression="zstd")``; `options` are the backend's (its ``?key=value``)."""
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
-    return Logger([registry.create(config)], name=name)
+    return Logger([registry.create(config)], name=name, timeout=timeout, flush_every=flush_every)
 
 
 def ConsoleLogger(**options) -> Logger:  # noqa: N802 - the name users know
@@ -547,11 +657,20 @@ def SaveLogger(path: str | os.PathLike = "lox-runs", **options) -> Logger:  # no
 
 
 def MultiLogger(*loggers: Logger, name: str = "lox") -> Logger:  # noqa: N802
-    """One Logger writing to the backends of all `loggers`."""
+    """One Logger writing to the backends of all `loggers` (which must not have
+    opened runs yet: their backends now belong to the combined logger)."""
     if not loggers or not all(isinstance(lg, Logger) for lg in loggers):
         raise TypeError("`MultiLogger` takes one or more Loggers, e.g. MultiLogger(ConsoleLogger(), SaveLogger('runs')).")
-    backends: list[hooks.Backend] = [b for lg in loggers for b in lg.backends]
+    used = [lg.name for lg in loggers if lg.runs() or lg._closed]
+    if used:
+        raise ValueError(
+            f"`MultiLogger` takes fresh loggers, but {used[0]!r} has opened runs or was closed; "
+            "combine the loggers before calling `init`."
+        )
     for lg in loggers:
-        lg._closed = True  # their backends now belong to the combined logger
+        lg._closed = True
+        lg._writer.stop()
         _live_loggers.discard(lg)
-    return Logger(backends, name=name)
+    backends: list[hooks.Backend] = [b for lg in loggers for b in lg.backends]
+    return Logger(backends, name=name, timeout=max(lg.timeout for lg in loggers),
+                  flush_every=min(lg._flush_every for lg in loggers))

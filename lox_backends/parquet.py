@@ -187,15 +187,25 @@ class ParquetBackend(hooks.Backend):
                     tables.append([item])
             else:
                 tables.append(item)
-        tables = [to_arrow(concat(t), run=state.info["run_id"]) if isinstance(t, list) else t for t in tables]
+        # A part that fails (e.g. tapped events whose key changed dtype) is
+        # reported; every other part is still written.
+        failed = None
+        converted = []
+        for t in tables:
+            try:
+                converted.append(to_arrow(concat(t), run=state.info["run_id"]) if isinstance(t, list) else t)
+            except ValueError as error:
+                failed = failed or error
         group: list = []
-        for table in tables:
+        for table in converted:
             if group and not table.schema.equals(group[0].schema, check_metadata=True):
                 self._write_table(state, pa.concat_tables(group))
                 group = []
             group.append(table)
         if group:
             self._write_table(state, pa.concat_tables(group))
+        if failed is not None:
+            raise failed
 
     def _write_table(self, state: _RunState, table: "pa.Table") -> None:
         import pyarrow.parquet as pq

@@ -59,7 +59,8 @@ class Registry:
     """The plugin manager and the backends its plugins offer."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered only to report a plugin that recurses
+        self._discovering = False
         self._offers: dict[str, list[Offer]] | None = None
         self.plugin_manager = pluggy.PluginManager(hooks.PROJECT)
         self.plugin_manager.add_hookspecs(hooks.Hooks)
@@ -72,7 +73,17 @@ class Registry:
     def _load(self) -> dict[str, list[Offer]]:
         with self._lock:
             if self._offers is None:
-                self._offers = self._discover()
+                if self._discovering:
+                    raise RuntimeError(
+                        "a lox plugin looked up lox's backends while it was being imported (e.g. "
+                        "`from lox.loggers import ...` at the top of the plugin module); import lox.loggers "
+                        "inside the plugin's functions instead."
+                    )
+                self._discovering = True
+                try:
+                    self._offers = self._discover()
+                finally:
+                    self._discovering = False
             return self._offers
 
     def _discover(self) -> dict[str, list[Offer]]:
@@ -91,14 +102,13 @@ class Registry:
             try:
                 plugin = ep.load()
             except Exception as error:  # noqa: BLE001 - one broken plugin must not take the others down
-                warnings.warn(
-                    f"lox: the plugin {ep.name!r} of package {package} failed to load and is skipped: {error!r}. "
-                    f"Reinstall or uninstall {package}.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                _skip(ep.name, package, error)
                 continue
-            self.plugin_manager.register(plugin, name=plugin_name)
+            try:
+                self.plugin_manager.register(plugin, name=plugin_name)
+            except Exception as error:  # noqa: BLE001 - e.g. a hook with a wrong signature
+                _skip(ep.name, package, error)
+                continue
             packages[plugin_name] = package
         if not any(_normalise(p) == OWN_DISTRIBUTION for p in packages.values()):
             for name, module in _OWN_PLUGINS.items():
@@ -108,7 +118,12 @@ class Registry:
                 packages[plugin_name] = OWN_DISTRIBUTION
         offers: dict[str, list[Offer]] = {}
         for impl in self.plugin_manager.hook.lox_backends.get_hookimpls():
-            _add_offers(offers, impl, packages.get(impl.plugin_name, impl.plugin_name))
+            package = packages.get(impl.plugin_name, impl.plugin_name)
+            try:
+                _add_offers(offers, impl, package)
+            except Exception as error:  # noqa: BLE001 - a hook that raises or returns nonsense
+                self.plugin_manager.unregister(name=impl.plugin_name)
+                _skip(impl.plugin_name.partition(":")[2] or impl.plugin_name, package, error)
         return dict(sorted(offers.items()))
 
     def register(self, plugin, name: str | None = None) -> None:
@@ -161,8 +176,19 @@ class Registry:
         return spec.load()(config.target, dict(config.options))
 
 
+def _skip(plugin: str, package: str, error: Exception) -> None:
+    warnings.warn(
+        f"lox: the plugin {plugin!r} of package {package} failed to load and is skipped: {error!r}. "
+        f"Reinstall or uninstall {package}, or tell its author.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def _add_offers(offers: dict[str, list[Offer]], impl, package: str) -> None:
-    for spec in impl.function() or ():
+    """Validate everything the hook returns before adding any of it."""
+    specs = list(impl.function() or ())
+    for spec in specs:
         if not isinstance(spec, hooks.BackendSpec):
             raise TypeError(
                 f"the lox plugin {impl.plugin_name!r} (package {package}) returned {spec!r} from "
@@ -173,6 +199,7 @@ def _add_offers(offers: dict[str, list[Offer]], impl, package: str) -> None:
                 f"the lox plugin {impl.plugin_name!r} (package {package}) offers a backend named {spec.name!r}, "
                 "which no config string can name: use letters, digits, '_', '.' and '-', starting with a letter."
             )
+    for spec in specs:
         offers.setdefault(spec.name, []).append(Offer(spec, package))
 
 

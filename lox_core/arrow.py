@@ -13,7 +13,10 @@ Columns, in this order:
 ``key``: ``dictionary<int32, string>``, never null
     The series the event belongs to: the key, or ``key/path`` for the leaves of
     a pytree-valued key (below). The dictionary holds the series names in
-    logdict order; the rows of one series are contiguous and in event order.
+    logdict order. `to_arrow` writes the rows of one series contiguously, in
+    event order; tables a Logger hands to backends are then sorted by step
+    (stably: each series keeps its event order, series interleave), and
+    `from_arrow` reads either layout.
 one column per step name: ``int64``, nullable
     In the order the step names first appear in ``logs.steps``. The event's
     step, or null where the event did not carry that step name
@@ -111,13 +114,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_core.logdict import NO_STEP, logdict
+from lox_core.logdict import ARROW_COLUMNS, NO_STEP, logdict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 SCHEMA_VERSION = "1"
-RESERVED = ("run", "key", "value", "dtype", "shape", "data")
+RESERVED = ARROW_COLUMNS
 _DICT = pa.dictionary(pa.int32(), pa.string())
 _INT64_MAX = np.iinfo(np.int64).max
 

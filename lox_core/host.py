@@ -22,8 +22,7 @@ host_call_p.multiple_results = True
 
 
 class _Callback:
-    """The user's callback with the pytree of its arguments (hashable by
-    identity, so that equations with the same callback compare equal)."""
+    """The user's callback with the pytree of its arguments."""
 
     def __init__(self, fun: Callable, tree):
         self.fun = fun
@@ -34,14 +33,16 @@ class _Callback:
         self.fun(batch_ndim, *args)
 
 
-def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True) -> None:
+def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True) -> None:
     """Call ``callback(batch_ndim, *args)`` on the host with NumPy arrays.
 
     Outside `vmap` `batch_ndim` is 0. Under `vmap` (nested or not) the callback
     still runs once per execution: every array leaf of `args` then has
     `batch_ndim` leading batch axes, unbatched arguments broadcast to them.
     `ordered` calls run in program order, like ``jax.debug.callback(...,
-    ordered=True)``.
+    ordered=True)``. Inside a `cond` that vmap turns into a select, both
+    branches run for every element: a caller that passes no mask of the branch
+    taken among its arguments says ``guarded=False``, and then gets an error there.
 
     >>> import jax, jax.numpy as jnp
     >>> seen = []
@@ -54,21 +55,21 @@ def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True) -
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     leaves = [x if isinstance(x, (jax.Array, jax.core.Tracer)) else jax.numpy.asarray(x) for x in leaves]
-    host_call_p.bind(*leaves, callback=_Callback(callback, tree), batch_ndim=0, ordered=bool(ordered))
+    host_call_p.bind(*leaves, callback=_Callback(callback, tree), batch_ndim=0, ordered=bool(ordered), guarded=bool(guarded))
 
 
 @host_call_p.def_effectful_abstract_eval
-def _abstract_eval(*avals, callback, batch_ndim, ordered):
+def _abstract_eval(*avals, callback, batch_ndim, ordered, guarded):
     return [], {_compat.ordered_debug_effect if ordered else _compat.debug_effect}
 
 
 @host_call_p.def_impl
-def _impl(*args, callback, batch_ndim, ordered):
+def _impl(*args, callback, batch_ndim, ordered, guarded):
     callback(batch_ndim, *args)
     return []
 
 
-def _lowering(*args, callback, batch_ndim, ordered):
+def _lowering(*args, callback, batch_ndim, ordered, guarded):
     jax.debug.callback(lambda *a: callback(batch_ndim, *a), *args, ordered=ordered)
     return []
 
@@ -76,13 +77,19 @@ def _lowering(*args, callback, batch_ndim, ordered):
 mlir.register_lowering(host_call_p, mlir.lower_fun(_lowering, multiple_results=True))
 
 
-def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered):
+def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded):
+    if not guarded and _compat.batching_cond_into_select():
+        raise ValueError(
+            "a lox logger call (`logger.log`) sits in a `jax.lax.cond` whose predicate is batched by `jax.vmap`: "
+            "vmap runs both branches for every element, so the call would write the branch an element did not "
+            "take. Move the call out of the cond (log its result), or vmap the function that calls the logger."
+        )
     # Batch axes go in front, in the order vmaps are applied (outermost first).
     moved = [
         jax.numpy.broadcast_to(x, (axis_size, *x.shape)) if d is None else jax.numpy.moveaxis(x, d, 0)
         for x, d in zip(args, dims)
     ]
-    host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered)
+    host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded)
     return [], []
 
 

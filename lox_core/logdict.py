@@ -12,6 +12,8 @@ import numpy as np
 # that every step array stays aligned with its values. The smallest int32: no
 # real step is negative that far, and it fits every integer dtype JAX uses.
 NO_STEP = -(2**31)
+# The columns of a logdict as an Arrow table (`to_arrow`) besides one per step name.
+ARROW_COLUMNS = ("run", "key", "value", "dtype", "shape", "data")
 
 REDUCTIONS = ("mean", "sum", "min", "max", "first", "last")
 

@@ -60,6 +60,14 @@ def test_secrets_never_appear_in_reprs_or_errors():
     assert "hunter2" not in str(info.value) and "abc123" not in str(info.value)
 
 
+def test_more_secret_spellings_and_passwords_containing_at_signs():
+    text = "x:https://bob:p@ss@host/?key=k1&pwd=p2&access_key=k3&bearer=b4&project=visible"
+    shown = mask_secrets(text)
+    for secret in ("p@ss", "k1", "p2", "k3", "b4"):
+        assert secret not in shown
+    assert "bob:****@host" in shown and "project=visible" in shown
+
+
 def test_config_must_be_a_string():
     with pytest.raises(TypeError, match="must be a str, got list"):
         parse(["console"])

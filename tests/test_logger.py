@@ -273,3 +273,85 @@ def test_batches_of_many_calls_travel_together_and_keep_their_order_with_events(
     assert len(backend.tables()) < 50  # not one table per call
     assert backend.logs()["x"].tolist() == [float(i) for i in range(52)]
     assert type(writes[-2]).__name__ == "logdict"  # the tapped event, between the batches
+
+
+def test_numpy_arrays_are_copied_when_logged():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    buffer = np.zeros(1, np.float32)
+    for i in range(20):
+        buffer[0] = i  # the caller reuses its buffer
+        logger.log(state, lox.logdict({"x": buffer}, {"step": {"x": np.array([i])}}))
+    logger.finish(state)
+    assert logger.backends[0].logs()["x"].tolist() == [float(i) for i in range(20)]
+
+
+def test_a_key_that_changes_dtype_or_shape_is_refused_in_the_callers_thread():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    logger.log(state, lox.logdict({"preds": np.zeros((1, 8), np.float32)}))
+    with pytest.raises(ValueError, match=r"'preds' was logged as float32\[8\] and now as float32\[5\]"):
+        logger.log(state, lox.logdict({"preds": np.zeros((1, 5), np.float32)}))
+    with pytest.raises(ValueError, match=r"the step name 'key' is reserved"):
+        logger.log(state, lox.logdict({"x": np.zeros(1)}, {"key": {"x": np.zeros(1, np.int32)}}))
+    logger.finish(state)
+
+
+def test_logger_log_in_a_vmapped_cond_is_refused():
+    logger = lox.loggers.from_config("memory")
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+
+    def f(state, x):
+        def log_it(x):
+            logger.log(state, lox.logdict({"x": x[None]}))
+            return x
+
+        return jax.lax.cond(x > 0, log_it, lambda x: x, x)
+
+    with pytest.raises(ValueError, match=r"`logger.log`\) sits in a `jax.lax.cond` whose predicate is batched"):
+        jax.vmap(f)(states, jnp.array([1.0, -1.0]))
+
+
+def test_finish_closes_the_runs_even_after_a_backend_failed():
+    class FailsOnce(MemoryBackend):
+        def write_batch(self, run, table):
+            raise OSError("quota")
+
+    backend = FailsOnce()
+    logger = Logger([backend])
+    state = logger.init()
+    logger.log(state, lox.logdict({"x": np.zeros(1)}))
+
+    with pytest.raises(BackendError, match="quota"):
+        logger.finish(state)
+    assert backend.closed[logger.runs()[0].run_id]
+    # The error was raised once; the logger can go on.
+    logger.finish(logger.init())
+
+
+def test_a_stuck_backend_times_out_instead_of_hanging_and_close_stops_the_writer():
+    release = threading.Event()
+
+    class Stuck(hooks.Backend):
+        def write_batch(self, run, table):
+            release.wait(60)
+
+    logger = Logger([Stuck()], timeout=0.5)
+    state = logger.init()
+    logger.log(state, lox.logdict({"x": np.zeros(1)}))
+    with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
+        logger.finish(state)
+    release.set()
+    logger.close(timeout=30)
+    assert not logger._writer._thread.is_alive()  # no thread left behind
+
+
+def test_multilogger_takes_fresh_loggers_only_and_logger_options_are_not_backend_options(tmp_path):
+    used = lox.loggers.MemoryLogger()
+    used.init()
+    with pytest.raises(ValueError, match="takes fresh loggers, but 'lox' has opened runs"):
+        lox.loggers.MultiLogger(used, lox.loggers.MemoryLogger())
+    saver = lox.loggers.SaveLogger(tmp_path, timeout=5, compression="zstd")
+    assert saver.timeout == 5 and saver.backends[0].compression == "zstd"
+    with pytest.raises(ValueError, match="the parquet backend has no option 'colour'"):
+        lox.loggers.SaveLogger(tmp_path, colour="red")

@@ -458,3 +458,13 @@ def test_the_plugin_offers_the_backend_and_imports_cheaply():
     probe = "import sys, lox_backends.parquet; print(sorted({'pyarrow', 'jax'} & set(sys.modules)))"
     out, err = run_python(probe).communicate(timeout=60)
     assert out == "[]\n", err
+
+
+def test_a_part_that_cannot_be_converted_is_reported_and_the_rest_written(tmp_path):
+    backend, run = open_run(tmp_path)
+    backend.write_batch(run, to_arrow(make_logs(0, 2), run=run.run_id))
+    backend.write_event(run, event(2, loss=np.float32(1.0)))
+    backend.write_event(run, event(3, loss=np.float64(1.0)))  # same key, other dtype: cannot be one table
+    with pytest.raises(ValueError, match="'loss'"):
+        backend.flush()
+    assert parquet.load(tmp_path / "run-0").step["loss"].tolist() == [0, 1]  # the batch was written

@@ -133,3 +133,30 @@ def test_a_backend_name_no_config_string_can_reach_is_refused():
 
     with pytest.raises(ValueError, match=r"backend named 'my backend', which no config string can name"):
         Registry().register(Spaced(), name="spaced")
+
+
+def test_a_hook_that_raises_is_skipped_and_the_other_plugins_work(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-raising", "lox_raising", "raising")
+    (tmp_path / "lox_raising.py").write_text(
+        "from lox_backends import hooks\n"
+        "@hooks.hookimpl\n"
+        "def lox_backends():\n"
+        "    raise RuntimeError('no luck')\n"
+    )
+    result = _run("import lox; lox.loggers.from_config('memory'); print('still works')", tmp_path)
+    assert result.stdout.strip() == "still works", result.stderr
+    assert "of package lox-raising failed to load and is skipped: RuntimeError('no luck')" in result.stderr
+
+
+def test_a_plugin_that_looks_up_backends_while_imported_gets_a_clear_error(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-recursive", "lox_recursive", "recursive")
+    (tmp_path / "lox_recursive.py").write_text("import lox\nlox.loggers.from_config('memory')\n")
+    result = _run("import lox; lox.loggers.from_config('memory'); print('still works')", tmp_path)
+    assert result.stdout.strip() == "still works", result.stderr
+    assert "looked up lox's backends while it was being imported" in result.stderr
+
+
+def test_missing_dotted_requirements_are_reported_not_crashed_on():
+    spec = hooks.BackendSpec("gcs", hooks.Backend, requires=("lox_missing_parent.cloud.storage",))
+    assert spec.missing() == ["lox_missing_parent.cloud.storage"]
+    assert spec.install_hint() == "pip install lox_missing_parent.cloud.storage"
