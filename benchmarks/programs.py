@@ -163,14 +163,3 @@ def train_step_logged(params, x, y, i):
 
 def train_step_plain(params, x, y, i):
     return _mlp_step(params, x, y)[0]
-
-
-def scan_tapped_scalar(xs):
-    """200 steps, one tapped scalar per step."""
-    def body(c, ix):
-        i, x = ix
-        c = c * 0.9 + x
-        lox.log({"c": c}, step=i)
-        return c, None
-
-    return jax.lax.scan(body, 0.0, (jnp.arange(xs.shape[0]), xs))[0]

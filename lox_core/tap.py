@@ -24,6 +24,10 @@ def print_event(event: logdict) -> None:
     print(console.format_event(values, steps), flush=True)
 
 
+def _one_event(x):
+    return x[None]
+
+
 # The value handed to each callback along with the event (`tap_with_context`),
 # set while the tapped function is traced.
 _context: contextvars.ContextVar = contextvars.ContextVar("lox_tap_context", default=None)
@@ -46,6 +50,12 @@ class TapHandler(Handler):
         callback, prefix, with_context = self.callback, self.prefix, self.with_context
 
         def deliver(batch_ndim, taken, vals, stps, context):
+            if batch_ndim == 0 and not with_context:
+                # One event, the common case: nothing to route, nothing to split.
+                if taken is None or np.all(taken):
+                    data = {prefix + k: jax.tree_util.tree_map(_one_event, v) for k, v in zip(keys, vals)}
+                    callback(logdict(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
+                return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
             took = np.ones(batch_shape, bool) if taken is None else np.reshape(taken, batch_shape)

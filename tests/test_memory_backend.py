@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 import lox
+from logs_testing import assert_logs_equal, event
 from lox_backends import hooks, memory
 from lox_backends.memory import MemoryBackend
 from lox_core.arrow import to_arrow
@@ -20,26 +21,6 @@ def make_logs(start, n):
         {"loss": (step * 0.5).astype(np.float32), "w": np.stack([step, -step], axis=1).astype(np.float64)},
         steps={"step": {"loss": step, "w": step}},
     )
-
-
-def event(step, **values):
-    return lox.logdict(
-        {k: np.asarray([v]) for k, v in values.items()},
-        steps={"step": {k: np.array([step]) for k in values}},
-    )
-
-
-def assert_logs_equal(got, want):
-    assert list(got) == list(want)
-    for key in want:
-        g, w = np.asarray(got[key]), np.asarray(want[key])
-        assert g.dtype == w.dtype, key
-        np.testing.assert_array_equal(g, w, err_msg=key)
-        assert got.step_names(key) == want.step_names(key), key
-        for name in want.step_names(key):
-            g, w = np.asarray(got.steps[name][key]), np.asarray(want.steps[name][key])
-            assert g.dtype == w.dtype, (name, key)
-            np.testing.assert_array_equal(g, w)
 
 
 RUN = hooks.RunInfo("run-0", name="demo", group="g", metadata={"lr": 0.1})

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lox
+from logs_testing import assert_logs_equal, event
 from lox_backends import hooks, parquet
 from lox_backends.parquet import ParquetBackend
 from lox_core.arrow import to_arrow
@@ -37,26 +38,6 @@ def make_logs(start, n):
         },
         steps={"step": {"loss": step, "w": step, "count": step}},
     )
-
-
-def event(step, **values):
-    return lox.logdict(
-        {k: np.asarray([v]) for k, v in values.items()},
-        steps={"step": {k: np.array([step]) for k in values}},
-    )
-
-
-def assert_logs_equal(got, want):
-    assert list(got) == list(want)
-    for key in want:
-        g, w = np.asarray(got[key]), np.asarray(want[key])
-        assert g.dtype == w.dtype, key
-        np.testing.assert_array_equal(g, w, err_msg=key)
-        assert got.step_names(key) == want.step_names(key), key
-        for name in want.step_names(key):
-            g, w = np.asarray(got.steps[name][key]), np.asarray(want.steps[name][key])
-            assert g.dtype == w.dtype, (name, key)
-            np.testing.assert_array_equal(g, w)
 
 
 def files_under(root):
