@@ -71,6 +71,9 @@ class ConsoleBackend(hooks.Backend):
             self._show(run, force=True)  # the final values, if the last update was throttled
 
     def close(self):
+        for run_id, unshown in self._unshown.items():
+            if unshown:  # throttled values of runs that were never finished
+                self._show(hooks.RunInfo(run_id, self._names.get(run_id, run_id), ""), force=True)
         if self._live is not None:
             self._live.stop()
             self._live = None

@@ -269,7 +269,10 @@ class Logger:
         with self._lock:
             number = len(self._runs)
             base = str(metadata.get("name", self.name))
-            name = base if position is None and "name" in metadata else f"{base}-{number if position is None else position}"
+            if "name" not in metadata:
+                name = f"{base}-{number}"  # unique within the logger
+            else:  # the user's name; its seeds numbered within this `init`
+                name = base if position is None else f"{base}-{position}"
             run = hooks.RunInfo(f"{self.group}-{number}", name, self.group, number, metadata)
             self._runs.append(run)
             self._open.add(number)

@@ -62,3 +62,14 @@ def test_live_table_on_a_terminal_has_a_row_per_run():
 
 def test_plain_line_formats_groups():
     assert plain_line({"a": (1.0, {"step": 1}), "b": (2.0, {"step": 1}), "c": (3.0, {})}) == "[step=1] a=1 b=2 c=3"
+
+
+def test_close_shows_throttled_values_of_unfinished_runs():
+    backend = ConsoleBackend(None, {"interval": "3600"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "never-finished", "g")
+    backend.open_run(run)
+    backend.write_event(run, event(0, loss=1.0))
+    backend.write_event(run, event(1, loss=0.5))  # throttled
+    backend.close()
+    assert backend.stream.getvalue().splitlines()[-1] == "[never-finished] [step=1] loss=0.5"
