@@ -355,3 +355,12 @@ def test_multilogger_takes_fresh_loggers_only_and_logger_options_are_not_backend
     assert saver.timeout == 5 and saver.backends[0].compression == "zstd"
     with pytest.raises(ValueError, match="the parquet backend has no option 'colour'"):
         lox.loggers.SaveLogger(tmp_path, colour="red")
+
+
+def test_config_from_the_environment_and_the_embedded_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOX_BACKENDS", "console,memory")
+    assert [type(b).__name__ for b in lox.loggers.from_config().backends] == ["ConsoleBackend", "MemoryBackend"]
+    monkeypatch.delenv("LOX_BACKENDS")
+    monkeypatch.chdir(tmp_path)
+    (backend,) = lox.loggers.from_config().backends
+    assert type(backend).__name__ == "ParquetBackend" and backend.root == str(tmp_path / "lox-runs")
