@@ -4,13 +4,14 @@
     nox -s "tests(jax='0.10')"
     nox -s quickstart       # the README's main example
     nox -s benchmarks       # the ratios of benchmarks/, printed side by side
+    nox -s docs             # the documentation site (mkdocs.yml), warnings as errors
 """
 
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "quickstart"]
+nox.options.sessions = ["tests", "quickstart", "docs"]
 
 # The newest JAX minor release first; each resolves to its newest patch release.
 JAX_RELEASES = ["0.10", "0.9", "0.8"]
@@ -38,3 +39,10 @@ def quickstart(session):
 def benchmarks(session):
     session.install("-e", ".")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session
+def docs(session):
+    """The documentation site into site/; tests/test_docs.py runs its code (in `tests`)."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", *session.posargs)

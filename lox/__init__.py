@@ -3,7 +3,7 @@
 `lox.log` records values anywhere in JAX code; `lox.spool` returns them as
 outputs of one compiled program, `lox.tap` streams them to a callback, and
 `lox.nolog` removes them. `lox.loggers` sends them to backends (the console,
-Parquet files, trackers, plugins) and `lox.load` reads saved runs back.
+Parquet files, plugins) and `lox.load` reads saved runs back.
 """
 
 from lox_core.console import set_default as set_default

@@ -7,7 +7,8 @@
 
 Besides `ConsoleLogger`, `SaveLogger` and `MultiLogger`, every registered
 backend has a Logger named after it: ``lox.loggers.ParquetLogger("runs")``,
-``lox.loggers.MemoryLogger()``, ``lox.loggers.MlflowLogger(uri, experiment=...)``.
+``lox.loggers.MemoryLogger()``, and ``lox.loggers.JsonlLogger("logs")`` once a
+plugin offering ``jsonl`` is installed.
 """
 
 from lox_backends.logger import DEFAULT_CONFIG as DEFAULT_CONFIG

@@ -41,9 +41,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 class RunInfo:
     """One run, as a backend sees it.
 
-    `run_id` is unique and safe as a folder name; `name` is for people; runs
-    opened together (the seeds of one vmapped `init`) share `group` and are
-    told apart by `index`. `metadata` holds the user's run metadata and config
+    `run_id` is unique and safe as a folder name; `name` is for people; the
+    runs one Logger opens (e.g. the seeds of a vmapped `init`) share `group`
+    and are numbered by `index`. `metadata` holds the user's run metadata and config
     (JSON-compatible values).
     """
 
@@ -106,7 +106,7 @@ class BackendSpec:
     is imported only when the backend is used (so that a plugin whose heavy
     dependencies are missing can still be listed). `requires` names the modules
     the backend needs; `install` is the command that installs them (for lox's
-    own backends, its extra: ``pip install 'jax-lox[mlflow]'``), shown when one
+    own backends, one of its extras), shown when one
     is missing.
     """
 

@@ -158,7 +158,7 @@ class _Writer:
         if errors:
             more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
             first = str(errors[0]) if isinstance(errors[0], BackendError) else repr(errors[0])
-            raise BackendError(f"lox: a backend failed while writing: {first}{more}") from errors[0]
+            raise BackendError(f"lox: writing logs in the background failed: {first}{more}") from errors[0]
 
 
 _STOP = object()  # ends the writer thread
@@ -211,6 +211,7 @@ class Logger:
         self._open: set[int] = set()
         self._last_steps: dict[tuple[int, str], int] = {}  # (run, key) → highest step sent
         self._kinds: dict[str, tuple] = {}  # key → (dtype, event shape)
+        self._closed_runs: set[int] = set()  # runs the writer has closed
         self._warned: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
         self._waiting: list = []  # batches and events waiting for the writer's next tick
@@ -325,7 +326,7 @@ class Logger:
         reserved = [n for n in logs.steps if n in RESERVED_COLUMNS]
         if reserved:
             raise ValueError(
-                f"`logger.log`: the step name {reserved[0]!r} is reserved for a column of lox's tables "
+                f"lox logger: the step name {reserved[0]!r} is reserved for a column of lox's tables "
                 f"({', '.join(RESERVED_COLUMNS)}); rename the step, e.g. `lox.log(..., {reserved[0]}_step=i)`."
             )
         self._check_shapes(logs, np.ndim(state.run))
@@ -359,7 +360,7 @@ class Logger:
                 known = self._kinds.setdefault(name, kind)
                 if known != kind:
                     raise ValueError(
-                        f"`logger.log`: {name!r} was logged as {known[0]}{list(known[1])} and now as "
+                        f"lox logger: {name!r} was logged as {known[0]}{list(known[1])} and now as "
                         f"{kind[0]}{list(kind[1])}; a key keeps one dtype and shape in a logger's runs. "
                         "Log the new values under another key (e.g. pad a smaller last batch, or log its mean)."
                     )
@@ -410,6 +411,7 @@ class Logger:
                 by_run.setdefault(int(run[index]), []).append(part)
 
         def write(info, parts):
+            self._check_still_open(info)
             try:
                 parts = [concat(parts)]
             except ValueError:  # a key changed shape between calls: one table per call
@@ -432,10 +434,18 @@ class Logger:
                 items.append((self._runs[int(run[index])], jax.tree_util.tree_map(lambda x: x[took[index]], part)))
 
         def write(info, part):
+            self._check_still_open(info)
             self._check_steps(info, part)
             self._each_backend(lambda b: b.write_events(info, part))
 
         self._for_runs(items, write)
+
+    def _check_still_open(self, run: hooks.RunInfo) -> None:
+        if run.index in self._closed_runs:
+            raise ValueError(
+                f"lox logger: logs for run {run.name!r} arrived after `logger.finish` closed it and were not "
+                "written; log before `finish`, or open a new run with `logger.init`."
+            )
 
     def _for_runs(self, items, write) -> None:
         """`write(run info, data)` for each item; one run's failure does not
@@ -444,7 +454,7 @@ class Logger:
         for info, data in items:
             try:
                 write(info, data)
-            except BackendError as error:
+            except (BackendError, ValueError) as error:
                 failed = failed or error
             self._dirty = True
         if failed is not None:
@@ -545,6 +555,7 @@ class Logger:
             try:
                 self._send_waiting()
             finally:  # closed even if sending failed (the error is raised after)
+                self._closed_runs.add(run.index)  # in the writer: what arrives later is refused
                 self._each_backend(lambda b: b.close_run(run))
 
         tasks = [lambda run=run: close_run(run) for run in closing]

@@ -69,7 +69,8 @@ def spool(
       interval: keep every `interval`-th event of each key.
       reduce: reduce each series to one event: mean, sum, min, max, first, last.
       prefix: prepended to every key.
-      static_argnums, static_argnames: as in `jax.jit`.
+      static_argnums: as in `jax.jit`.
+      static_argnames: as in `jax.jit`.
 
     Events that `argnames`/`tags` do not select stay in the function as logs,
     for an enclosing transform (or the default console output) to handle.

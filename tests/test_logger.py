@@ -159,7 +159,7 @@ def test_backend_errors_surface_on_the_next_call_and_at_finish():
     logger = Logger([Failing(), working])
     states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
     jax.vmap(lambda s, w: logger.spool(train, s)(w, jnp.ones(3)))(states, jnp.ones(2))
-    with pytest.raises(BackendError, match=r"a backend failed while writing: Failing: OSError\('disk full'\)"):
+    with pytest.raises(BackendError, match=r"writing logs in the background failed: Failing: OSError\('disk full'\)"):
         logger.finish(states)
     # The other backend got every seed's batch.
     assert [len(working.tables(r.run_id)) for r in logger.runs()] == [1, 1]
@@ -364,3 +364,20 @@ def test_config_from_the_environment_and_the_embedded_default(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (backend,) = lox.loggers.from_config().backends
     assert type(backend).__name__ == "ParquetBackend" and backend.root == str(tmp_path / "lox-runs")
+
+
+def test_logs_for_a_finished_run_are_refused_not_written_after_it_closed():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    xs = jnp.linspace(0.1, 1.0, 3)
+    logger.spool(train, state)(0.5, xs)
+    logger.finish(state)
+    logger.spool(train, state)(0.5, xs)
+    with pytest.raises(BackendError, match=r"logs for run 'lox-0' arrived after `logger.finish` closed it"):
+        logger.flush()
+    assert len(logger.backends[0].tables()) == 1
+
+
+def test_the_console_backend_refuses_unknown_options():
+    with pytest.raises(ValueError, match=r"the console backend has no option 'intervall'"):
+        lox.loggers.from_config("console?intervall=2")
