@@ -289,7 +289,7 @@ def scan_rule(handler, eqn, invals, active):
         # One event per iteration (the common case) leaves the body without its
         # event axis, exactly like a hand-written `ys`; and an array shared by
         # several keys (an event's step) leaves once.
-        unique, where = _unique(leaves)
+        unique, where = unique_objects(leaves)
         squeeze = [leaf.shape[0] == 1 for leaf in unique]
         layout[:] = [tree, squeeze, where]
         ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
@@ -309,7 +309,7 @@ def scan_rule(handler, eqn, invals, active):
     return [*carry, *ys], jax.tree_util.tree_unflatten(tree, leaves)
 
 
-def _unique(values: list) -> tuple[list, list[int]]:
+def unique_objects(values: list) -> tuple[list, list[int]]:
     """The distinct objects of `values` and, for each value, its index among them."""
     unique, index, where = [], {}, []
     for v in values:

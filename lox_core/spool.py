@@ -4,10 +4,35 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from lox_core.interpreter import Handler, Selection, single_event
-from lox_core.logdict import REDUCTIONS
+import jax
+
+from lox_core.interpreter import Handler, Selection, single_event, unique_objects
+from lox_core.logdict import REDUCTIONS, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import jitted, trace_and_interpret, wraps
+
+
+class _SharedOnce(logdict):
+    """Spooled logs as the output of spool's compiled program: a logdict whose
+    pytree holds each distinct array once. The keys of one event share one step
+    array, which would otherwise be an output per key (and XLA copies an array
+    output twice). `lox.spool` hands users a plain logdict made from it."""
+
+    __slots__ = ()
+
+    def _flatten(self):
+        leaves, tree = jax.tree_util.tree_flatten(logdict(self, self.steps))
+        unique, where = unique_objects(leaves)
+        return unique, (tree, tuple(where))
+
+    @classmethod
+    def _unflatten(cls, aux, unique):
+        tree, where = aux
+        logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
+        return cls(logs, logs.steps)
+
+
+jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
 
 
 class SpoolHandler(Handler):
@@ -104,10 +129,15 @@ def spool(
                 logs = logs.reduce(reduce)
             if prefix:
                 logs = logs.prefix(prefix)
-            return out, logs
+            return out, _SharedOnce(logs, logs.steps)
 
         return spooled
 
     config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix)
     compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
-    return wraps(fun, compiled, compiled)
+
+    def call(*args, **kwargs):
+        out, shared = compiled(*args, **kwargs)
+        return out, logdict(shared, shared.steps)
+
+    return wraps(fun, call, compiled)

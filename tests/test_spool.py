@@ -787,3 +787,33 @@ def test_long_runs_of_equations_between_logs_match_hand_written():
     np.testing.assert_allclose(blogs["x"][1], jax.jit(by_hand)(xs[1])[1], rtol=1e-6)
     g = jax.grad(lambda x: lox.spool(logged)(x)[0].sum())(x)
     np.testing.assert_allclose(g, jax.grad(lambda x: by_hand(x)[0].sum())(x), rtol=1e-5)
+
+
+def test_spool_compiles_to_the_kernels_of_the_hand_written_scan():
+    """Same kernels and copies as returning the values by hand: in particular the
+    step array that the keys of an event share leaves the program once."""
+    from test_nolog import kernels
+
+    def logged(xs):
+        def body(c, ix):
+            i, x = ix
+            c = jnp.tanh(c * 0.9 + x)
+            lox.log({"loss": jnp.mean(c), "h": c}, step=i)
+            return c, None
+
+        return jax.lax.scan(body, jnp.zeros(16), (jnp.arange(xs.shape[0]), xs))[0]
+
+    def by_hand(xs):
+        def body(c, ix):
+            i, x = ix
+            c = jnp.tanh(c * 0.9 + x)
+            return c, (jnp.mean(c), c, i)
+
+        return jax.lax.scan(body, jnp.zeros(16), (jnp.arange(xs.shape[0]), xs))
+
+    xs = jnp.linspace(0.0, 1.0, 100)
+    ours = lox.spool(logged).lower(xs).compile().as_text()
+    ref = jax.jit(by_hand).lower(xs).compile().as_text()
+    assert kernels(ours) == kernels(ref)
+    out, logs = lox.spool(logged)(xs)
+    assert type(logs) is lox.logdict and logs.steps["step"]["loss"] is logs.steps["step"]["h"]
