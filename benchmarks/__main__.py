@@ -69,7 +69,7 @@ def steady():
     t = side_by_side(
         {"hand": lambda: block(by_hand(xs)), "spool": lambda: block(spooled(xs)),
          "jit(spool)": lambda: block(jitted_spool(xs))},
-        reps=20,
+        reps=20, rounds=15,
     )
     row("hand-written (values carried out as ys)", f"{t['hand'] * 1e3:.3f} ms")
     row("lox.spool(f)", f"{t['spool'] * 1e3:.3f} ms", t["spool"] / t["hand"], "target <= 1.02")
