@@ -21,12 +21,11 @@ from lox_core.logdict import ARROW_COLUMNS as _DATA_COLUMNS
 class ConsoleBackend(hooks.Backend):
     def __init__(self, target=None, options=None):
         super().__init__(target, options)
-        unknown = sorted(set(self.options) - {"interval", "plain"})
-        if unknown:
-            raise ValueError(
-                f"the console backend has no option {unknown[0]!r}; its options are interval (seconds between "
-                "lines per run) and plain (1: plain lines even on a terminal), e.g. 'console?interval=5'."
-            )
+        self.check_options(
+            "console",
+            {"interval": "seconds between lines per run", "plain": "1: plain lines even on a terminal"},
+            "console?interval=5",
+        )
         self.interval = float(self.options.get("interval", 1.0))
         self.stream = sys.stdout
         self.live_table = self.stream.isatty() and self.options.get("plain", "0") not in ("1", "true")

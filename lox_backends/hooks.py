@@ -71,6 +71,16 @@ class Backend:
         self.target = target
         self.options = dict(options or {})
 
+    def check_options(self, backend: str, known: dict[str, str], example: str) -> None:
+        """Refuse options this backend does not have: `known` maps each option to
+        what it does; `example` is a config string that uses them."""
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            listed = "; ".join(f"{name} ({what})" for name, what in known.items()) or "none"
+            raise ValueError(
+                f"the {backend} backend has no option {unknown[0]!r}; its options are: {listed}. E.g. {example!r}."
+            )
+
     def open_run(self, run: RunInfo) -> None:
         """A run starts: create it in the backend, record its metadata."""
 

@@ -72,12 +72,11 @@ class ParquetBackend(hooks.Backend):
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        unknown = sorted(set(self.options) - {"compression", "rows_per_file"})
-        if unknown:
-            raise ValueError(
-                f"the parquet backend has no option {unknown[0]!r}; its options are compression and "
-                "rows_per_file, e.g. 'parquet:runs?compression=zstd&rows_per_file=100000'."
-            )
+        self.check_options(
+            "parquet",
+            {"compression": "snappy, zstd, gzip, none...", "rows_per_file": "rows that wait before a file is written"},
+            "parquet:runs?compression=zstd&rows_per_file=100000",
+        )
         self.compression = self.options.get("compression", "snappy")
         self.rows_per_file = int(self.options.get("rows_per_file", DEFAULT_ROWS_PER_FILE))
         # Imported in the thread that creates the backend: a first import in the
