@@ -230,13 +230,17 @@ def logger():
     memory = lox.loggers.SaveLogger(folder)
     one, many = memory.init(key), jax.vmap(memory.init)(jax.random.split(key, 64))
     tap_one = jax.jit(lambda s, xs: memory.tap(programs.scan_one_scalar, s)(xs))
-    tap_many = jax.jit(jax.vmap(lambda s, xs: memory.tap(programs.scan_one_scalar, s)(xs), in_axes=(0, None)))
+    xs_many = xs + jnp.arange(64.0)[:, None]  # each seed its own data: the scan itself is batched
+    tap_many = jax.jit(jax.vmap(lambda s, xs: memory.tap(programs.scan_one_scalar, s)(xs)))
     none_one = jax.jit(lox.nolog(programs.scan_one_scalar))
-    none_many = jax.jit(jax.vmap(lox.nolog(programs.scan_one_scalar), in_axes=(None,), axis_size=64))
+    none_many = jax.jit(jax.vmap(lox.nolog(programs.scan_one_scalar)))
     raw_one = jax.jit(programs.scan_debug_callback(lambda v, s: None))
-    raw_many = jax.jit(jax.vmap(programs.scan_debug_callback(lambda v, s: None), in_axes=(None,), axis_size=64))
-    candidates = {"1": (tap_one, one, xs), "64": (tap_many, many, xs), "none1": (none_one, xs),
-                  "none64": (none_many, xs), "raw1": (raw_one, xs), "raw64": (raw_many, xs)}
+    raw_many = jax.jit(jax.vmap(programs.scan_debug_callback(lambda v, s: None)))
+    user_one = jax.jit(lox.tap(programs.scan_one_scalar, lambda event: None))
+    user_many = jax.jit(jax.vmap(lox.tap(programs.scan_one_scalar, lambda event: None)))
+    candidates = {"1": (tap_one, one, xs), "64": (tap_many, many, xs_many), "none1": (none_one, xs),
+                  "none64": (none_many, xs_many), "raw1": (raw_one, xs), "raw64": (raw_many, xs_many),
+                  "user1": (user_one, xs), "user64": (user_many, xs_many)}
     # The cost to the training loop: until the program has run and handed every
     # event to the logger; the logger's writer thread is drained between
     # repetitions, outside the timing, and its own throughput reported below.
@@ -256,12 +260,15 @@ def logger():
         row("raw jax.debug.callback, 1 seed, per event", f"{per('raw1', 'none1') * 1e6:.1f} us")
         row("raw jax.debug.callback, 64 seeds under vmap, per event", f"{per('raw64', 'none64') * 1e6:.1f} us",
             per("raw64", "none64") / per("raw1", "none1"))
+        row("lox.tap (a callback per element), 1 seed, per event", f"{per('user1', 'none1') * 1e6:.1f} us")
+        row("lox.tap (a callback per element), 64 seeds, per event", f"{per('user64', 'none64') * 1e6:.1f} us",
+            per("user64", "none64") / per("user1", "none1"))
         row("logger.tap, 1 seed, per event", f"{per('1', 'none1') * 1e6:.1f} us")
         row("logger.tap, 64 seeds under vmap, per event", f"{per('64', 'none64') * 1e6:.1f} us",
             per("64", "none64") / per("1", "none1"), "target <= 2")
         memory.flush()
         t0 = time.perf_counter()
-        block(tap_many(many, xs))
+        block(tap_many(many, xs_many))
         memory.flush()
         writer = time.perf_counter() - t0
     row("events written per second, 64 runs (until flushed)", f"{64 * xs.shape[0] / writer:,.0f} /s")
