@@ -139,6 +139,8 @@ def tap_with_context(
     tags: Iterable[str] | None = None,
     prefix: str = "",
     wait: bool = True,
+    static_argnums=(),
+    static_argnames=(),
 ) -> Callable:
     """Like `tap`, for code that routes events: returns ``g(context, *args,
     **kwargs)`` that runs ``fun(*args, **kwargs)`` and, once per event, calls
@@ -164,7 +166,11 @@ def tap_with_context(
         return tapped
 
     config = ("tap_with_context", handler.selection, callback, prefix)
-    compiled = jitted(fun, config, make_impl)
+    # `context` comes first: the positions of static arguments shift by one.
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    shifted = tuple(i + 1 if i >= 0 else i for i in static_argnums)
+    compiled = jitted(fun, config, make_impl, shifted, static_argnames)
 
     def call(context, *args, **kwargs):
         out = compiled(context, *args, **kwargs)

@@ -381,3 +381,19 @@ def test_logs_for_a_finished_run_are_refused_not_written_after_it_closed():
 def test_the_console_backend_refuses_unknown_options():
     with pytest.raises(ValueError, match=r"the console backend has no option 'intervall'"):
         lox.loggers.from_config("console?intervall=2")
+
+
+@pytest.mark.filterwarnings("ignore:lox. in run")  # the spooled steps start again at 0
+def test_logger_tap_and_spool_take_static_arguments():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+
+    def f(x, n):
+        for i in range(n):  # n must be static
+            lox.log({"x": x + i}, step=i)
+        return x
+
+    logger.tap(f, state, static_argnums=1)(jnp.float32(1.0), 3)
+    logger.spool(f, state, static_argnames="n")(jnp.float32(10.0), n=2)
+    logger.finish(state)
+    assert logger.backends[0].logs()["x"].tolist() == [1.0, 2.0, 3.0, 10.0, 11.0]
