@@ -22,6 +22,7 @@ from jax._src import source_info_util
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
+from jax._src.state.types import AbstractRef as _AbstractRef
 
 Jaxpr = core.Jaxpr
 ClosedJaxpr = core.ClosedJaxpr
@@ -110,10 +111,13 @@ def inline_equations(eqns: list, read, write, exported) -> None:
         defined.update(eqn.outvars)
     invars = list(free)
     outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar) and exported(v)]
-    effs = core.join_effects(*(e.effects for e in eqns))
+    # The run's effects as a jaxpr's (relative to its inputs), not the union of
+    # its equations' (a Ref's effects are relative to each equation's inputs).
+    effs = pe.make_jaxpr_effects([], invars, outvars, eqns)
     debug_info = linear_util.DebugInfo("lox", "<lox segment>", tuple(f"x{i}" for i in range(len(invars))), None)
     segment = Jaxpr([], invars, outvars, eqns, effs, debug_info)
-    if len(eqns) >= SEGMENT_AS_CALL_MIN_EQNS:
+    # A jit may not return a Ref (`jax.new_ref`): such runs are copied instead.
+    if len(eqns) >= SEGMENT_AS_CALL_MIN_EQNS and not any(isinstance(v.aval, _AbstractRef) for v in outvars):
         outs = _bind_jit(ClosedJaxpr(segment, ()), [read(v) for v in invars])
     else:
         src = source_info_util.current()
@@ -132,7 +136,8 @@ def _bind_jit(closed: ClosedJaxpr, args: list) -> list:
     so that a parameter added by a release is there), sized to the jaxpr."""
     global _jit_template
     if _jit_template is None:
-        _jit_template = dict(jax.make_jaxpr(jax.jit(lambda x: x))(0.0).eqns[0].params)
+        with jax.disable_jit(False):  # under disable_jit the template would have no jit
+            _jit_template = dict(jax.make_jaxpr(jax.jit(lambda x: x))(0.0).eqns[0].params)
     t = _jit_template
     n, m = len(closed.jaxpr.invars), len(closed.jaxpr.outvars)
     params = dict(

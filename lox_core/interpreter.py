@@ -389,11 +389,26 @@ def while_rule(handler, eqn, invals, active):
     bconsts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
     init = invals[p.cond_nconsts + p.body_nconsts :]
 
-    def cond_fun(carry):
+    def pred_fun(carry):
         return interpret(handler, p.cond_jaxpr.jaxpr, p.cond_jaxpr.consts, [*cconsts, *carry], active)[0][0]
 
+    def cond_fun(carry):
+        # A predicate batched by vmap (a prefix of every carry's shape): loop while any element runs.
+        pred = pred_fun(carry)
+        return jnp.any(pred) if jnp.ndim(pred) else pred
+
+    batched_pred = len(p.cond_jaxpr.out_avals[0].shape) > 0
+
     def body_fun(carry):
-        return interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], active)[0]
+        guard = active
+        if handler.guards_branches or batched_pred:
+            here = pred_fun(carry)
+            if handler.guards_branches:
+                guard = here if active is None else jnp.logical_and(active, here)
+        new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
+        if batched_pred:
+            new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
+        return new
 
     return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
 

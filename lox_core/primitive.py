@@ -144,6 +144,10 @@ def _integer(dtype) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.integer))
 
 
+def _weak(value) -> bool:
+    return bool(getattr(getattr(value, "aval", None), "weak_type", getattr(value, "weak_type", False)))
+
+
 def _step_dtype():
     # One integer dtype for every step, so steps of different events concatenate
     # (int64 under `jax_enable_x64`, which can change at run time: not cached).
@@ -180,7 +184,7 @@ def _check_step(name: str, value):
         )
     if getattr(value, "shape", ()) != ():
         raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(value.shape)}.")
-    if dtype == _step_dtype() and isinstance(value, (jax.core.Tracer, jax.Array)):
+    if dtype == _step_dtype() and isinstance(value, (jax.core.Tracer, jax.Array)) and not _weak(value):
         return value
     return jnp.asarray(value, dtype=_step_dtype())
 

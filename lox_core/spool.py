@@ -16,20 +16,32 @@ class _SharedOnce(logdict):
     """Spooled logs as the output of spool's compiled program: a logdict whose
     pytree holds each distinct array once. The keys of one event share one step
     array, which would otherwise be an output per key (and XLA copies an array
-    output twice). `lox.spool` hands users a plain logdict made from it."""
+    output twice). Which leaves are the same is fixed when the object is built
+    (from the traced arrays), so its pytree structure never depends on the
+    identity of whatever it holds later. `lox.spool` hands users a plain
+    logdict made from it."""
 
-    __slots__ = ()
+    __slots__ = ("_where",)
+
+    def __init__(self, data=(), steps=None, where=None):
+        super().__init__(data, steps)
+        if where is None:
+            leaves = jax.tree_util.tree_leaves(logdict(self, self.steps))
+            where = tuple(unique_objects(leaves)[1])
+        self._where = where
 
     def _flatten(self):
         leaves, tree = jax.tree_util.tree_flatten(logdict(self, self.steps))
-        unique, where = unique_objects(leaves)
-        return unique, (tree, tuple(where))
+        first = {}
+        for leaf, i in zip(leaves, self._where):
+            first.setdefault(i, leaf)
+        return [first[i] for i in range(len(first))], (tree, self._where)
 
     @classmethod
     def _unflatten(cls, aux, unique):
         tree, where = aux
         logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
-        return cls(logs, logs.steps)
+        return cls(logs, logs.steps, where)
 
 
 jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
@@ -98,7 +110,9 @@ def spool(
       static_argnames: as in `jax.jit`.
 
     Events that `argnames`/`tags` do not select stay in the function as logs,
-    for an enclosing transform (or the default console output) to handle.
+    for an enclosing transform (or the default console output) to handle. The
+    keys of one event share one step array (one object, computed once): copy
+    the logs (``jax.tree_util.tree_map(jnp.copy, logs)``) before donating them.
 
     >>> import jax, jax.numpy as jnp, lox
     >>> def f(xs):

@@ -51,8 +51,10 @@ class TapHandler(Handler):
 
         def deliver(batch_ndim, taken, vals, stps, context):
             if batch_ndim == 0 and not with_context:
-                # One event, the common case: nothing to route, nothing to split.
-                if taken is None or np.all(taken):
+                # One event, the common case: nothing to route, nothing to split. (A
+                # batched event of `tap(vmap(f))` in a while loop whose predicate is
+                # batched goes out while any element runs.)
+                if taken is None or np.any(taken):
                     data = {prefix + k: jax.tree_util.tree_map(_one_event, v) for k, v in zip(keys, vals)}
                     callback(logdict(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
                 return
@@ -74,6 +76,13 @@ class TapHandler(Handler):
                     callback(logdict(data, {n: dict.fromkeys(data, s[index][None]) for n, s in zip(names, stps)}))
 
         context = _context.get() if with_context else None
+        if with_context and context is None:
+            # JAX traces custom_jvp/custom_vjp rules lazily, after the tapped call returned.
+            raise NotImplementedError(
+                f"a logger's tap cannot route the event with keys {', '.join(map(repr, keys))} to its run: it is "
+                "logged in a jax.custom_jvp / custom_vjp function that is being differentiated, whose rules JAX "
+                "traces after `logger.tap` returned. Log outside the custom function, or use `logger.spool`."
+            )
         host_call(deliver, active, [values[k] for k in keys], [steps[n] for n in names], context)
         return None
 

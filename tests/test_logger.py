@@ -397,3 +397,18 @@ def test_logger_tap_and_spool_take_static_arguments():
     logger.spool(f, state, static_argnames="n")(jnp.float32(10.0), n=2)
     logger.finish(state)
     assert logger.backends[0].logs()["x"].tolist() == [1.0, 2.0, 3.0, 10.0, 11.0]
+
+
+def test_logger_tap_of_a_custom_jvp_function_under_grad_says_what_to_do():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+
+    @jax.custom_jvp
+    def g(x):
+        lox.log({"inside": x})
+        return jnp.sin(x)
+
+    g.defjvp(lambda primals, tangents: (g(primals[0]), jnp.cos(primals[0]) * tangents[0]))
+    with pytest.raises(NotImplementedError, match=r"cannot route the event with keys 'inside'.*use `logger.spool`"):
+        jax.grad(lambda x: logger.tap(g, state)(x))(1.0)
+    logger.close()

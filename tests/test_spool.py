@@ -817,3 +817,65 @@ def test_spool_compiles_to_the_kernels_of_the_hand_written_scan():
     assert kernels(ours) == kernels(ref)
     out, logs = lox.spool(logged)(xs)
     assert type(logs) is lox.logdict and logs.steps["step"]["loss"] is logs.steps["step"]["h"]
+
+
+def test_a_ref_that_crosses_a_long_run_of_equations():
+    def long_run(y, r, n=40):  # more equations than lox emits one by one
+        for _ in range(n):
+            y = y + 0.1 * jnp.cos(y)
+            r[...] = r[...] + y
+        return y
+
+    def f(x):
+        y = x * 2
+        r = jax.new_ref(jnp.zeros(()))
+        y = long_run(y, r)
+        jax.lax.scan(lambda c, _: (lox.log({"c": c}), (c, None))[1], y, length=2)
+        return y, r[...]
+
+    def by_hand(x):
+        r = jax.new_ref(jnp.zeros(()))
+        y = long_run(x * 2, r)
+        return y, r[...]
+
+    (y, total), logs = lox.spool(f)(jnp.float32(0.3))
+    ref_y, ref_total = jax.jit(by_hand)(jnp.float32(0.3))
+    np.testing.assert_allclose([y, total], [ref_y, ref_total], rtol=1e-6)
+    np.testing.assert_allclose(logs["c"], [ref_y, ref_y], rtol=1e-6)
+
+
+def test_spool_under_disable_jit_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp, lox\n"
+        "def f(x):\n"
+        "    for _ in range(40): x = jnp.sin(x)\n"
+        "    y = jax.checkpoint(lambda x: (lox.log({'x': x}), x * 2)[1])(x)\n"
+        "    return y\n"
+        "with jax.disable_jit():\n"
+        "    out, logs = lox.spool(f)(jnp.float32(1.0))\n"
+        "print(logs['x'].shape)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(1,)"
+
+
+def test_spooled_programs_outputs_keep_a_stable_structure():
+    def f(x):
+        lox.log({"a": x, "b": 2 * x}, step=1)
+        return x
+
+    compiled = lox.spool(f).lower(jnp.ones(2)).compile()
+    _, logs = compiled(jnp.ones(2))
+    assert isinstance(logs, lox.logdict)
+    zeros = jax.tree_util.tree_map(lambda v: 0, logs)  # leaves that are all the same object
+    assert jax.tree_util.tree_structure(zeros) == jax.tree_util.tree_structure(logs)
+    assert jax.tree_util.tree_map(lambda a, b: a + b, logs, logs)["b"].tolist() == [[4.0, 4.0]]
+
+
+def test_steps_from_python_ints_through_jit_are_not_weakly_typed():
+    out, logs = jax.jit(lambda x, i: lox.spool(lambda x: (lox.log({"x": x}, step=i), x)[1])(x))(1.0, 3)
+    assert logs.step["x"].tolist() == [3] and not logs.step["x"].weak_type

@@ -169,3 +169,29 @@ def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():
     outer(1.0)
     jax.effects_barrier()
     assert [float(e["x"][0]) for e in events] == [1.0]
+
+
+def _doubling_while(x, n):
+    def body(c):
+        i, y = c
+        lox.log({"y": y}, step=i)
+        return i + 1, y * 2
+
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+
+
+def test_vmap_of_tap_of_a_while_loop_with_a_batched_predicate_delivers_only_running_elements():
+    events = []
+    out = jax.vmap(lox.tap(_doubling_while, events.append))(jnp.array([1.0, 10.0]), jnp.array([1, 3]))
+    np.testing.assert_allclose(out, [2.0, 80.0])
+    # Element 0 runs once, element 1 three times; JAX runs the body 3 times for both.
+    got = sorted((float(e["y"][0]), int(e.step["y"][0])) for e in events)
+    assert got == [(1.0, 0), (10.0, 0), (20.0, 1), (40.0, 2)]
+
+
+def test_tap_and_nolog_of_a_vmapped_while_loop_with_a_batched_predicate():
+    events = []
+    xs, ns = jnp.array([1.0, 10.0]), jnp.array([1, 3])
+    np.testing.assert_allclose(lox.tap(jax.vmap(_doubling_while), events.append)(xs, ns), [2.0, 80.0])
+    np.testing.assert_allclose(lox.nolog(jax.vmap(_doubling_while))(xs, ns), [2.0, 80.0])
+    assert len(events) == 3  # one batched event per iteration of the batched loop
