@@ -660,19 +660,36 @@ def backend_logger(
 
 
 def ConsoleLogger(**options) -> Logger:  # noqa: N802 - the name users know
-    """A Logger that shows the latest values of every run on the console."""
+    """A Logger that shows the latest values of every run on the console: a
+    live table on a terminal, a line per run at most every `interval` seconds
+    elsewhere (``ConsoleLogger(interval=5)``)."""
     return backend_logger("console", None, **options)
 
 
 def SaveLogger(path: str | os.PathLike = "lox-runs", **options) -> Logger:  # noqa: N802
     """A Logger that saves runs as Parquet files under `path` (read them back
-    with `lox.load(path)`)."""
+    with `lox.load(path)`).
+
+    >>> import tempfile, numpy as np, lox
+    >>> folder = tempfile.mkdtemp()
+    >>> saver = SaveLogger(folder)
+    >>> state = saver.init(name="saved")
+    >>> saver.log(state, lox.logdict({"loss": np.array([0.5, 0.25])}, {"step": {"loss": np.array([0, 1])}}))
+    >>> saver.finish(state)
+    >>> [(logs["loss"].tolist(), logs.step["loss"].tolist()) for logs in lox.load(folder).values()]
+    [([0.5, 0.25], [0, 1])]
+    """
     return backend_logger("parquet", os.fspath(path), **options)
 
 
 def MultiLogger(*loggers: Logger, name: str = "lox") -> Logger:  # noqa: N802
     """One Logger writing to the backends of all `loggers` (which must not have
-    opened runs yet: their backends now belong to the combined logger)."""
+    opened runs yet: their backends now belong to the combined logger).
+
+    >>> both = MultiLogger(backend_logger("memory"), backend_logger("memory"))
+    >>> [type(b).__name__ for b in both.backends]
+    ['MemoryBackend', 'MemoryBackend']
+    """
     if not loggers or not all(isinstance(lg, Logger) for lg in loggers):
         raise TypeError("`MultiLogger` takes one or more Loggers, e.g. MultiLogger(ConsoleLogger(), SaveLogger('runs')).")
     used = [lg.name for lg in loggers if lg.runs() or lg._closed]
