@@ -62,6 +62,15 @@ class logdict(dict):
         super().__init__(data)
         self._steps = {name: dict(per_key) for name, per_key in (steps or {}).items() if per_key}
 
+    @classmethod
+    def _trusted(cls, data: dict, steps: dict) -> "logdict":
+        """A logdict that takes `data` and `steps` as they are (fresh dicts, no
+        empty step names): for hot paths that build many small logdicts."""
+        logs = cls.__new__(cls)
+        dict.update(logs, data)
+        logs._steps = steps
+        return logs
+
     # --- steps ------------------------------------------------------------------
     @property
     def steps(self) -> dict[str, dict[str, Any]]:

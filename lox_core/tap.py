@@ -69,11 +69,21 @@ class TapHandler(Handler):
                 callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
                 return
             # Under vmap one host call carries the whole batch, delivered as one
-            # event per element.
-            for index in np.ndindex(batch_shape):
-                if took[index]:
-                    data = {prefix + k: jax.tree_util.tree_map(lambda x: x[index][None], v) for k, v in zip(keys, vals)}
-                    callback(logdict(data, {n: dict.fromkeys(data, s[index][None]) for n, s in zip(names, stps)}))
+            # event per element: views with the event axis, sliced per element.
+            flat = [jax.tree_util.tree_flatten(v) for v in vals]
+            leaves = [[np.expand_dims(x, batch_ndim) for x in leaves] for leaves, _ in flat]
+            steps_e = [np.expand_dims(s, batch_ndim) for s in stps]
+            names_p = [prefix + k for k in keys]
+            single = [tree.num_leaves == 1 and tree.num_nodes == 1 for _, tree in flat]
+            indices = range(batch_shape[0]) if batch_ndim == 1 else list(np.ndindex(batch_shape))
+            took_flat = took.reshape(-1).tolist()  # Python bools: cheap to test per element
+            for index, taken_here in zip(indices, took_flat):
+                if taken_here:
+                    data = {
+                        name: ls[0][index] if one else jax.tree_util.tree_unflatten(tree, [x[index] for x in ls])
+                        for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat)
+                    }
+                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e)}))
 
         context = _context.get() if with_context else None
         if with_context and context is None:
