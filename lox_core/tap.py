@@ -55,8 +55,11 @@ class TapHandler(Handler):
                 # batched event of `tap(vmap(f))` in a while loop whose predicate is
                 # batched goes out while any element runs.)
                 if taken is None or np.any(taken):
-                    data = {prefix + k: jax.tree_util.tree_map(_one_event, v) for k, v in zip(keys, vals)}
-                    callback(logdict(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
+                    data = {
+                        prefix + k: v[None] if isinstance(v, np.ndarray) else jax.tree_util.tree_map(_one_event, v)
+                        for k, v in zip(keys, vals)
+                    }
+                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
                 return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
