@@ -11,11 +11,13 @@ from __future__ import annotations
 import sys
 import time
 
+import jax
 import numpy as np
 
 from lox_backends import hooks
 from lox_core import console
 from lox_core.logdict import ARROW_COLUMNS as _DATA_COLUMNS
+from lox_core.logdict import event_count
 
 
 class ConsoleBackend(hooks.Backend):
@@ -60,14 +62,14 @@ class ConsoleBackend(hooks.Backend):
     def write_event(self, run, event):
         latest = self._latest.setdefault(run.run_id, {})
         for key, value in event.items():
-            leaves = [np.asarray(x) for x in _leaves(value)]
+            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(value)]
             shown = leaves[0][0] if len(leaves) == 1 and leaves[0].ndim == 1 else "[array]"
             latest[key] = (shown, {n: int(np.asarray(per_key[key])[0]) for n, per_key in event.steps.items() if key in per_key})
         self._show(run)
 
     def write_events(self, run, events):
         # Only the latest values are shown: the last event of the block.
-        n = max((len(_leaves(v)[0]) for v in events.values()), default=0)
+        n = max(map(event_count, events.values()), default=0)
         if n:
             self.write_event(run, events.slice[n - 1 :])
 
@@ -128,12 +130,6 @@ def plain_line(latest: dict) -> str:
     for key, (value, steps) in latest.items():
         groups.setdefault(tuple(steps.items()), {})[key] = value
     return " ".join(console.format_event(values, dict(steps)) for steps, values in groups.items())
-
-
-def _leaves(value):
-    import jax
-
-    return jax.tree_util.tree_leaves(value)
 
 
 def _short(value) -> str:

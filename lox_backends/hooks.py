@@ -95,7 +95,9 @@ class Backend:
         key's series holds its events). lox delivers tapped events this way, a
         few times per second; by default each goes to `write_event`. Override
         it to handle a block at once (faster when many seeds stream)."""
-        for i in range(max((len(_leaves(v)[0]) for v in events.values()), default=0)):
+        from lox_core.logdict import event_count
+
+        for i in range(max(map(event_count, events.values()), default=0)):
             self.write_event(run, events.slice[i : i + 1])
 
     def flush(self) -> None:
@@ -149,11 +151,6 @@ class Hooks:
         raise NotImplementedError
 
 
-
-def _leaves(value) -> list:
-    import jax
-
-    return jax.tree_util.tree_leaves(value)
 
 
 def _installed(module: str) -> bool:

@@ -118,7 +118,9 @@ class ParquetBackend(hooks.Backend):
 
         state = self._state(run)
         state.pending.append(events.map_series(np.array))  # a block of events: one item
-        state.pending_rows += max((len(v) for v in _first_leaves(events)), default=0)
+        from lox_core.logdict import event_count
+
+        state.pending_rows += max(map(event_count, events.values()), default=0)
         if state.pending_rows >= self.rows_per_file:
             self._write_pending(state)
 
@@ -250,12 +252,6 @@ class ParquetBackend(hooks.Backend):
             _fsync_dir(folder)  # makes the renames durable
         self._unsynced_files.clear()
         self._unsynced_dirs.clear()
-
-
-def _first_leaves(logs) -> list:
-    import jax
-
-    return [jax.tree_util.tree_leaves(v)[0] for v in logs.values()]
 
 
 class _RunState:

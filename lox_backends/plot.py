@@ -23,7 +23,7 @@ def plot_runs(
     import matplotlib.pyplot as plt
 
     from lox_backends.parquet import load, runs
-    from lox_core.logdict import logdict
+    from lox_core.logdict import event_count, logdict
 
     path = os.fspath(path)
     loaded = load(path)
@@ -32,7 +32,7 @@ def plot_runs(
     names = {r["run_id"]: r.get("name", r["run_id"]) for r in ([] if single else runs(path))}
     if run_ids is not None:
         by_run = {run: logs for run, logs in by_run.items() if run in set(run_ids)}
-    with_key = {run: logs for run, logs in by_run.items() if key in logs and len(jax_leaves(logs[key])[0])}
+    with_key = {run: logs for run, logs in by_run.items() if key in logs and event_count(logs[key])}
     if not with_key:
         available = sorted({k for logs in by_run.values() for k in logs})
         raise LookupError(f"no run under {path!r} logged {key!r}; the keys logged are: {', '.join(available) or 'none'}.")
@@ -54,12 +54,6 @@ def plot_runs(
     figure.savefig(output, dpi=120)
     plt.close(figure)
     return output
-
-
-def jax_leaves(value) -> list:
-    import jax
-
-    return jax.tree_util.tree_leaves(value)
 
 
 def _file_safe(key: str) -> str:
