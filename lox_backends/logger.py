@@ -37,6 +37,7 @@ from lox_backends.registry import registry
 from lox_core.host import host_call
 from lox_core.logdict import ARROW_COLUMNS as RESERVED_COLUMNS
 from lox_core.logdict import NO_STEP, concat, logdict
+from lox_core.transform import traced
 
 DEFAULT_CONFIG = "parquet:lox-runs"
 DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the writer
@@ -330,7 +331,7 @@ class Logger:
                 f"({', '.join(RESERVED_COLUMNS)}); rename the step, e.g. `lox.log(..., {reserved[0]}_step=i)`."
             )
         self._check_shapes(logs, np.ndim(state.run))
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((state, logs))):
+        if traced((state, logs)):
             host_call(self._receive_batch, state.run, logs, guarded=False)
             return
         run = state.run
@@ -540,7 +541,7 @@ class Logger:
         runs are closed all the same). Call it outside jit."""
         if self._closed:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(state)):
+        if traced(state):
             raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
         jax.effects_barrier()
         numbers = [int(n) for n in np.asarray(state.run).reshape(-1)]

@@ -14,7 +14,7 @@ from lox_core.interpreter import Handler
 from lox_core.logdict import logdict
 from lox_core.primitive import vmap_of_cond_message
 from lox_core.spool import selection
-from lox_core.transform import jitted, trace_and_interpret, wraps
+from lox_core.transform import jitted, trace_and_interpret, traced, wraps
 
 
 def print_event(event: logdict) -> None:
@@ -146,7 +146,7 @@ def tap(
 
     def call(*args, **kwargs):
         out = compiled(*args, **kwargs)
-        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        if not traced((args, kwargs)):
             jax.effects_barrier()  # deliver every event before returning
         return out
 
@@ -196,7 +196,7 @@ def tap_with_context(
 
     def call(context, *args, **kwargs):
         out = compiled(context, *args, **kwargs)
-        if wait and not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((context, args, kwargs))):
+        if wait and not traced((context, args, kwargs)):
             jax.effects_barrier()
         return out
 

@@ -12,6 +12,11 @@ from lox_core.interpreter import Handler, interpret
 from lox_core.logdict import logdict
 
 
+def traced(tree) -> bool:
+    """Whether any leaf of `tree` is a tracer (the call is being traced)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict) -> tuple[Any, logdict]:
     """Run `fun(*args, **kwargs)` on the current trace with its logs handled."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
