@@ -21,7 +21,7 @@ JAX_RELEASES = ["0.10", "0.9", "0.8"]
 @nox.parametrize("jax", JAX_RELEASES)
 def tests(session, jax):
     # The example third-party plugin of plugins.md is installed like any plugin.
-    session.install("-e", ".[test]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
+    session.install("-e", ".[test,all]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
     session.run("python", "-c", "import jax; print('JAX', jax.__version__)")
     session.run("pytest", "-q", *session.posargs)
 

@@ -276,8 +276,14 @@ def logger():
     shutil.rmtree(folder)
 
 
+def trackers():
+    from benchmarks.trackers import trackers
+
+    trackers()
+
+
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "tap": tap,
-            "arrow": arrow, "logger": logger}
+            "arrow": arrow, "logger": logger, "trackers": trackers}
 
 
 def main(argv: list[str]) -> None:

@@ -3,6 +3,7 @@
     lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
     lox plot RUN_DIR --key loss -o loss.png                 one curve per run
     lox backends                                            installed backends and their packages
+    lox sync RUN_DIR --to SPEC                              send saved runs to a tracker (what is missing)
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("backends", help="list installed backends")
 
+    sync = commands.add_parser(
+        "sync",
+        help="send saved runs (a tracker's local log, or any parquet folder) to a tracker, skipping what it has",
+    )
+    sync.add_argument("path", help="a folder of runs (e.g. lox-runs), or one run's folder")
+    sync.add_argument("--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'")
+
     args = parser.parse_args(argv)
     try:
         _run(args)
@@ -49,6 +57,15 @@ def _run(args) -> None:
         print(plot_runs(args.path, key=args.key, output=args.output, step=args.step))
     elif args.command == "backends":
         print(backends_table())
+    elif args.command == "sync":
+        from lox_backends.config import mask_secrets
+        from lox_backends.tracker import sync
+
+        total_files = total_rows = 0
+        for folder, files, rows in sync(args.path, args.to):
+            print(f"{folder}: sent {files} batch file(s), {rows} row(s)")
+            total_files, total_rows = total_files + files, total_rows + rows
+        print(f"sent {total_files} batch file(s), {total_rows} row(s) to {mask_secrets(args.to)}")
 
 
 def backends_table() -> str:

@@ -109,6 +109,13 @@ class Backend:
     def close(self) -> None:
         """The Logger is done with this backend."""
 
+    def wait(self, timeout: float | None) -> None:
+        """Block (at most `timeout` seconds) until what this backend received has
+        reached its destination. Called from the user's thread by
+        `logger.flush`, `finish` and `close`, after `flush` / `close_run` /
+        `close`; only backends that send in a thread of their own (trackers)
+        need it."""
+
 
 @dataclasses.dataclass(frozen=True)
 class BackendSpec:
@@ -149,7 +156,6 @@ class Hooks:
     def lox_backends(self) -> list[BackendSpec]:
         """Return the backends this plugin provides."""
         raise NotImplementedError
-
 
 
 

@@ -149,7 +149,7 @@ class _Writer:
 
     def _timeout(self, timeout) -> TimeoutError:
         return TimeoutError(
-            f"lox: the writer of logger {self._name!r} did not finish within {timeout} s; a backend is slow "
+            f"lox: the writer of logger {self._name!r} did not finish within {round(timeout, 1):g} s; a backend is slow "
             "or stuck. Pass a longer timeout (e.g. `logger.finish(state, timeout=600)`) or check the backends."
         )
 
@@ -204,6 +204,7 @@ class Logger:
         logdict({"warm-up": np.zeros(1)}, {"step": {"warm-up": np.zeros(1, np.int32)}}).to_arrow(run="")
 
         self.backends = list(backends)
+        _share_local_logs(self.backends)
         self.name = name
         self.timeout = timeout
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "lox"
@@ -509,10 +510,18 @@ class Logger:
         """Wait until everything logged so far has reached the backends (and they
         flushed it); raise what a backend raised."""
         jax.effects_barrier()  # tapped events still on their way from the device
-        self._writer.run_and_wait([self._flush_all], self._timeout(timeout))
+        deadline = self._deadline(timeout)
+        self._writer.run_and_wait([self._flush_all], _left(deadline))
+        self._wait_backends(deadline)
 
-    def _timeout(self, timeout: float | None) -> float:
-        return self.timeout if timeout is None else timeout
+    def _deadline(self, timeout: float | None) -> float | None:
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _wait_backends(self, deadline: float | None) -> None:
+        """Backends that send in a thread of their own (trackers) catch up."""
+        for backend in self.backends:
+            backend.wait(_left(deadline))
 
     def _flush_all(self) -> None:
         try:
@@ -560,7 +569,9 @@ class Logger:
                 self._each_backend(lambda b: b.close_run(run))
 
         tasks = [lambda run=run: close_run(run) for run in closing]
-        self._writer.run_and_wait([*tasks, self._flush_all], self._timeout(timeout))
+        deadline = self._deadline(timeout)
+        self._writer.run_and_wait([*tasks, self._flush_all], _left(deadline))
+        self._wait_backends(deadline)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush and close every backend and stop the writer; the logger cannot be
@@ -570,17 +581,47 @@ class Logger:
         self._closed = True
         _live_loggers.discard(self)
         jax.effects_barrier()
+        deadline = self._deadline(timeout)
         try:
-            self._writer.run_and_wait([self._flush_all, lambda: self._each_backend(lambda b: b.close())], self._timeout(timeout))
+            self._writer.run_and_wait([self._flush_all, lambda: self._each_backend(lambda b: b.close())], _left(deadline))
         except TimeoutError:
             self._writer.stop(wait=False)  # stuck in a backend: do not wait for it
             raise
         self._writer.stop()
+        self._wait_backends(deadline)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
         self._writer.raise_errors()
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def _share_local_logs(backends: list[hooks.Backend]) -> None:
+    """One writer per local folder: a tracker whose local log is the folder of
+    a parquet backend (or of another tracker) sends from that backend's files
+    instead of writing every batch there a second time."""
+    from lox_backends.parquet import ParquetBackend
+    from lox_backends.tracker import TrackerBackend
+
+    logs: dict[str, ParquetBackend] = {}
+    for backend in backends:
+        if isinstance(backend, ParquetBackend):
+            if backend.root in logs:
+                raise ValueError(
+                    f"two parquet backends write to {backend.root!r}; every event would be saved twice. "
+                    "Keep one, or give them different folders."
+                )
+            logs[backend.root] = backend
+    for backend in backends:
+        if isinstance(backend, TrackerBackend):
+            if backend.local_root in logs:
+                backend.share_log(logs[backend.local_root])
+            else:
+                logs[backend.local_root] = backend.log
 
 
 def _same_group(a, b) -> bool:
@@ -612,6 +653,15 @@ def _primary_step(logs: logdict) -> str | None:
     """The step name rows are ordered by: ``step`` if present, else the first."""
     names = list(logs.steps)
     return "step" if "step" in names else (names[0] if names else None)
+
+
+def flush_before_exit_handlers() -> None:
+    """Make lox's exit flush run before every exit handler registered so far
+    (Python runs them last registered first). A tracker backend calls it after
+    its client registered one of its own, that would otherwise end the
+    tracker's runs before lox has sent them the last logs."""
+    atexit.unregister(_flush_at_exit)
+    atexit.register(_flush_at_exit)
 
 
 @atexit.register

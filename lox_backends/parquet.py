@@ -86,8 +86,11 @@ class ParquetBackend(hooks.Backend):
         # Absolute now, so that a later os.chdir does not split a run in two.
         self.root = os.path.abspath(target or DEFAULT_DIR)
         self._runs: dict[str, _RunState] = {}
-        self._unsynced_files: list[str] = []
+        self._unsynced_files: list[tuple[str, str]] = []  # (path, run_id)
         self._unsynced_dirs: set[str] = set()
+        # Called with (run_id, path) for every batch file, once it is durable
+        # (trackers send from here: lox_backends.tracker).
+        self.on_durable: list = []
 
     # --- the backend contract ------------------------------------------------------
     def open_run(self, run: hooks.RunInfo) -> None:
@@ -213,6 +216,12 @@ class ParquetBackend(hooks.Backend):
 
         if table.num_rows == 0 and not json.loads((table.schema.metadata or {}).get(b"lox.empty_series", b"{}")):
             return  # nothing to keep (a table without rows may still name series with no events)
+        import time
+
+        # When the batch was written: the timestamp trackers give its values,
+        # the same each time it is sent.
+        metadata = {**(table.schema.metadata or {}), b"lox.time_ms": str(int(time.time() * 1000)).encode()}
+        table = table.replace_schema_metadata(metadata)
         name = f"batch-{state.next_seq:06d}-{secrets.token_hex(4)}.parquet"
         state.next_seq += 1
         path = os.path.join(state.folder, name)
@@ -223,7 +232,7 @@ class ParquetBackend(hooks.Backend):
         except BaseException:
             _remove_quietly(temp)
             raise
-        self._unsynced_files.append(path)
+        self._unsynced_files.append((path, state.info["run_id"]))
         self._unsynced_dirs.add(state.folder)
 
     def _write_run_json(self, state: _RunState) -> None:
@@ -239,19 +248,18 @@ class ParquetBackend(hooks.Backend):
         except BaseException:
             _remove_quietly(temp)
             raise
-        _fsync_dir(state.folder)
+        fsync(state.folder)
 
     def _sync(self) -> None:
-        for path in self._unsynced_files:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        for path, _ in self._unsynced_files:
+            fsync(path)
         for folder in self._unsynced_dirs:
-            _fsync_dir(folder)  # makes the renames durable
-        self._unsynced_files.clear()
+            fsync(folder)  # makes the renames durable
+        durable, self._unsynced_files = self._unsynced_files, []
         self._unsynced_dirs.clear()
+        for path, run_id in durable:
+            for listener in self.on_durable:
+                listener(run_id, path)
 
 
 class _RunState:
@@ -443,10 +451,11 @@ def _json_default(value):
     return str(value)
 
 
-def _fsync_dir(folder: str) -> None:
-    if os.name == "nt":  # folders cannot be opened for fsync there
+def fsync(path: str) -> None:
+    """Flush a file, or a folder's entries (renames into it), to disk."""
+    if os.name == "nt" and os.path.isdir(path):  # folders cannot be opened for fsync there
         return
-    fd = os.open(folder, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -1,0 +1,197 @@
+"""The ``mlflow`` backend: one MLflow run per lox run, sent from a local log.
+
+Config string ``mlflow:TRACKING_URI?experiment=NAME`` (``pip install
+'jax-lox[mlflow]'``). The tracking URI is anything MLflow takes
+(``http://127.0.0.1:5000``, ``sqlite:///mlflow.db``, ``databricks``); without
+one, MLflow's own default applies (``MLFLOW_TRACKING_URI``). Credentials come
+from MLflow's usual environment variables (``MLFLOW_TRACKING_TOKEN``,
+``MLFLOW_TRACKING_USERNAME`` / ``PASSWORD``...) and are never printed.
+
+What goes where:
+
+* Each lox run (each seed of a vmapped ``logger.init``) becomes an MLflow run in
+  the experiment (created if missing; default ``lox``), named like the lox run
+  and tagged ``lox.run_id``, ``lox.group`` (shared by the seeds of one Logger:
+  group or filter by it in the MLflow UI) and ``lox.index``. Run metadata and
+  config become params (nested values as JSON text).
+* Scalar events become metrics, sent with ``log_batch`` (at most 1000 metrics
+  per request). Their MLflow step is the event's ``step`` (or its first step
+  name); every other step name is logged as a metric of its own at that step
+  (e.g. ``epoch``), so charts can use it as their x axis. Keys become metric
+  names, with characters MLflow refuses replaced by ``_``.
+* Array-valued events go to the run's artifacts as Parquet files,
+  ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
+  folder of them; so do pandas and DuckDB).
+* A run ends ``FINISHED`` when ``logger.finish`` closes it.
+
+Every value gets the timestamp of the batch file it was written to, so that a
+batch sent again (after a crash, with ``lox sync``) repeats exactly the values
+MLflow's database already holds, which it then ignores: metrics arrive once.
+(MLflow's file store, ``./mlruns``, does not ignore them; use a database or a
+server.) The same value logged twice for one key and step within one batch is
+stored once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+
+from lox_backends import hooks
+from lox_backends.tracker import Batch, TrackerBackend, Unsendable, arrays, scalars
+
+DEFAULT_EXPERIMENT = "lox"
+MAX_METRICS = 1000  # per log_batch request (MLflow's limit)
+MAX_PARAMS = 100
+MAX_PARAM_VALUE = 6000
+_INVALID = re.compile(r"[^\w./\- :]")  # what MLflow refuses in metric and param names
+
+
+class MlflowBackend(TrackerBackend):
+    """Sends runs to MLflow; see the module docstring."""
+
+    tracker = "mlflow"
+    options_help = {"experiment": f"the MLflow experiment (default {DEFAULT_EXPERIMENT}, created if missing)"}
+    example = "mlflow:http://127.0.0.1:5000?experiment=demo"
+
+    def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
+        super().__init__(target, options)
+        self.experiment = self.options.get("experiment", DEFAULT_EXPERIMENT)
+        # Imported here, in the thread that creates the backend: the sending
+        # thread may first need it while the interpreter exits.
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=_absolute(target)) if target else MlflowClient()
+        self._experiment_id: str | None = None
+
+    def destination(self) -> str:
+        return f"{self._client.tracking_uri} experiment={self.experiment}"
+
+    def _experiment(self) -> str:
+        if self._experiment_id is None:
+            found = self._client.get_experiment_by_name(self.experiment)
+            if found is None:
+                try:
+                    self._experiment_id = self._client.create_experiment(self.experiment)
+                except Exception:  # created meanwhile by another process
+                    found = self._client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+            if found is not None:
+                self._experiment_id = found.experiment_id
+        return self._experiment_id
+
+    def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
+        from mlflow.entities import Param
+
+        client = self._client
+        run_id = self._find_run(run, remote)
+        if run_id is None:
+            tags = {"lox.run_id": run.run_id, "lox.group": run.group, "lox.index": str(run.index)}
+            run_id = client.create_run(self._experiment(), tags=tags, run_name=run.name).info.run_id
+        # Params have one value each: logging the same ones again (when a run is resumed) is harmless.
+        params = [Param(_name(k), _param_value(v)) for k, v in sorted(run.metadata.items())]
+        with _refusals_unsendable():  # e.g. a param whose value changed since the run was created
+            for start in range(0, len(params), MAX_PARAMS):
+                client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
+        return {"run_id": run_id}
+
+    def _find_run(self, run: hooks.RunInfo, remote: dict | None) -> str | None:
+        """The MLflow run this lox run was sent to before, if any."""
+        if remote and remote.get("run_id"):
+            return remote["run_id"]
+        if not self.syncing:  # a run this process opened: new, unless `lox sync` resumes it
+            return None
+        found = self._client.search_runs(
+            [self._experiment()], filter_string=f"tags.`lox.run_id` = '{run.run_id}'", max_results=1
+        )
+        return found[0].info.run_id if found else None
+
+    def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
+        import numpy as np
+        from mlflow.entities import Metric
+
+        from lox_core.logdict import NO_STEP
+
+        events, time_ms = scalars(batch.table), batch.time_ms
+        if events.primary is None:
+            steps = np.zeros(len(events), np.int64)
+        else:
+            steps = np.where(events.steps[events.primary] == NO_STEP, 0, events.steps[events.primary])
+        names = {key: _name(key) for key in set(events.keys)}
+        metrics = [
+            Metric(names[key], value, time_ms, step)
+            for key, value, step in zip(events.keys, events.values.tolist(), steps.tolist())
+        ]
+        for step_name, other in events.steps.items():
+            if step_name == events.primary:
+                continue
+            # One metric per (step, value) of this step name, however many keys carried it.
+            has = other != NO_STEP
+            pairs = np.unique(np.stack([steps[has], other[has]], axis=1), axis=0).tolist()
+            metrics += [Metric(_name(step_name), float(value), time_ms, step) for step, value in pairs]
+        with _refusals_unsendable():
+            for start in range(0, len(metrics), MAX_METRICS):
+                self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS])
+        array_rows = arrays(batch.table)
+        if array_rows.num_rows:
+            import pyarrow.parquet as pq
+
+            with tempfile.TemporaryDirectory(prefix="lox-mlflow-") as folder:
+                path = os.path.join(folder, batch.name)
+                pq.write_table(array_rows, path)
+                self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
+
+    def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
+        with _refusals_unsendable():
+            self._client.set_terminated(remote["run_id"], "FINISHED")
+
+
+@contextlib.contextmanager
+def _refusals_unsendable():
+    """MLflow refusing a request (HTTP 4xx but 429: an invalid value, a deleted
+    run) fails again when retried: `Unsendable` skips the batch instead."""
+    from mlflow.exceptions import RestException
+
+    try:
+        yield
+    except RestException as error:
+        status = error.get_http_status_code()
+        if 400 <= status < 500 and status != 429:
+            raise Unsendable(str(error)) from error
+        raise
+
+
+def _absolute(uri: str) -> str:
+    """A SQLite URI with a relative path made absolute now (MLflow would
+    resolve it at its first request, and reuse that database for the same URI
+    after an os.chdir), like the local log's folder."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not os.path.isabs(uri[len(prefix) :]):
+        return prefix + os.path.abspath(uri[len(prefix) :])
+    return uri
+
+
+def _name(key: str) -> str:
+    return _INVALID.sub("_", key)[:250]
+
+
+def _param_value(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:MAX_PARAM_VALUE]
+
+
+@hooks.hookimpl
+def lox_backends():
+    return [
+        hooks.BackendSpec(
+            "mlflow",
+            "lox_backends.mlflow:MlflowBackend",
+            description="one MLflow run per lox run (mlflow:TRACKING_URI?experiment=NAME)",
+            requires=("mlflow",),
+            install="pip install 'jax-lox[mlflow]'",
+        )
+    ]

@@ -1,0 +1,532 @@
+"""Trackers (MLflow, W&B, Neptune...): a local log first, then sending in the background.
+
+A `TrackerBackend` never sends a batch that is not on disk. What a Logger hands
+it goes into a local log, a folder of lox runs in the Parquet format of the
+``parquet`` backend (option ``local=DIR``, ``lox-runs`` by default, so
+`lox.load` reads it). Each time that log makes files durable (every flush, a
+few seconds apart, and when a run finishes), the files are queued for a
+background thread that sends them to the tracker, one request per batch API
+call, retrying with backoff while the tracker is unreachable (one warning, then
+quiet). The training loop never waits for the tracker; `logger.finish`,
+`logger.flush` and interpreter exit wait for the sending, within the logger's
+timeout, and warn about what is still unsent.
+
+Per run and destination, the files that reached the tracker are recorded in
+``DIR/<run_id>/_sent-<tracker>-<hash>.jsonl`` (with the tracker's own run id),
+so ``lox sync DIR --to SPEC`` sends only what is missing: after a crash, after
+the tracker was down, or to a tracker the run was never sent to. A batch that
+was being sent when the process died is sent again; trackers are given the
+same timestamps for it, which MLflow's database and W&B's step order use to
+drop the repeated values (see each backend's page).
+
+A backend for another tracker subclasses `TrackerBackend` and implements
+`destination`, `start_run`, `send` and `end_run` (see ``plugins.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lox_backends import hooks
+from lox_backends.config import mask_secrets
+from lox_backends.parquet import DEFAULT_DIR, ParquetBackend
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+COMMON_OPTIONS = {"local": "folder of the local log that is sent from (default lox-runs)"}
+RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
+RETRY_MAX = 30.0
+TIME_METADATA = b"lox.time_ms"  # when the local log wrote a batch file (the trackers' timestamp)
+
+
+class TrackerBackend(hooks.Backend):
+    """A backend that sends to a tracker from a local log (see the module docstring).
+
+    Subclasses set `tracker` (their config name) and implement, all called from
+    one background thread, in order for each run:
+
+    * `destination()`: where runs go, as a string (it names the record of what
+      was sent, and appears in messages), e.g. ``"http://host:5000 experiment=demo"``.
+    * `start_run(run, remote)`: create the tracker's run for a lox run, or
+      resume it: `remote` is what an earlier `start_run` returned for this run
+      and destination (None the first time). Return JSON-compatible data to
+      keep (the tracker's run id). While `syncing` is true (``lox sync``),
+      a run without `remote` may still exist at the tracker (the process
+      died right after creating it): look for it before creating another.
+    * `send(run, remote, batch)`: send one `Batch` (a batch file's table:
+      rows of one run, ordered by step) with the tracker's batch API.
+    * `end_run(run, remote)`: the run finished. `shutdown()`: no more runs.
+
+    Raise on failure: lox retries the call with backoff.
+
+    A tracker whose client buffers what `send` hands it and writes it only when
+    the run ends (W&B offline) sets `confirms_at_end`: a run's batch files are
+    then recorded as sent only once `end_run` returned, and ``lox sync`` ends
+    the runs it sends to.
+    """
+
+    tracker = "tracker"
+    confirms_at_end = False
+    syncing = False  # True while `lox sync` sends (see `start_run`)
+    options_help: dict[str, str] = {}  # the subclass's own options, besides `local`
+    example = ""
+
+    def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
+        super().__init__(target, options)
+        self.check_options(self.tracker, {**self.options_help, **COMMON_OPTIONS}, self.example)
+        self.log = ParquetBackend(self.options.get("local", DEFAULT_DIR))
+        self.log.on_durable.append(self._durable)
+        self._owns_log = True
+        self._runs: dict[str, hooks.RunInfo] = {}
+        self._sender = _Sender(self)
+
+    # --- what subclasses implement ---------------------------------------------------
+    def destination(self) -> str:
+        raise NotImplementedError
+
+    def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
+        raise NotImplementedError
+
+    def send(self, run: hooks.RunInfo, remote: dict, batch: "Batch") -> None:
+        raise NotImplementedError
+
+    def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
+        """The run finished (after its last `send`)."""
+
+    def shutdown(self) -> None:
+        """Called once, after the last run, in the sending thread."""
+
+    def flush_before_exit_handlers(self) -> None:
+        """Call after the tracker's client registered an exit handler (often
+        when a run starts): lox's exit flush then runs first, and the client's
+        handler finds its runs complete."""
+        from lox_backends.logger import flush_before_exit_handlers
+
+        flush_before_exit_handlers()
+
+    # --- the local log ---------------------------------------------------------------
+    @property
+    def local_root(self) -> str:
+        return self.log.root
+
+    def share_log(self, log: ParquetBackend) -> None:
+        """Send from `log`, a parquet backend of the same Logger writing the
+        same folder, instead of writing that folder a second time."""
+        self.log.on_durable.remove(self._durable)
+        self.log, self._owns_log = log, False
+        log.on_durable.append(self._durable)
+
+    def spec(self) -> str:
+        """This backend's config string, secrets masked (for messages)."""
+        options = {k: v for k, v in self.options.items() if k != "local"}
+        text = self.tracker + (f":{self.target}" if self.target else "")
+        if options:
+            text += "?" + "&".join(f"{k}={v}" for k, v in options.items())
+        return mask_secrets(text)
+
+    # --- the backend contract ----------------------------------------------------------
+    def open_run(self, run: hooks.RunInfo) -> None:
+        self._runs[run.run_id] = run
+        if self._owns_log:
+            self.log.open_run(run)
+        self._sender.put(("open", run, os.path.join(self.local_root, run.run_id)))
+
+    def write_batch(self, run: hooks.RunInfo, table: "pa.Table") -> None:
+        if self._owns_log:
+            self.log.write_batch(run, table)
+
+    def write_event(self, run: hooks.RunInfo, event) -> None:
+        if self._owns_log:
+            self.log.write_event(run, event)
+
+    def write_events(self, run: hooks.RunInfo, events) -> None:
+        if self._owns_log:
+            self.log.write_events(run, events)
+
+    def flush(self) -> None:
+        self.log.flush()  # durable files are queued for sending (`_durable`)
+
+    def close_run(self, run: hooks.RunInfo) -> None:
+        if self._owns_log:
+            self.log.close_run(run)
+        else:
+            self.log.flush()  # its last files, before the run ends at the tracker
+        self._sender.put(("close", run, os.path.join(self.local_root, run.run_id)))
+
+    def close(self) -> None:
+        if self._owns_log:
+            self.log.close()
+        self._sender.put(("shutdown", None, None))
+
+    def wait(self, timeout: float | None) -> None:
+        """Wait (at most `timeout` seconds) until everything queued was sent;
+        warn about what was not, and how to send it later."""
+        if not self._sender.wait(timeout):
+            unsent = self._sender.unsent()
+            error = self._sender.last_error
+            warnings.warn(
+                f"lox: {unsent} batch file(s) of {self.spec()} were not sent within {round(timeout or 0, 1):g} s"
+                + (f" (last error: {error})" if error else "")
+                + f". They are kept in {self.local_root!r}; send them later with "
+                f"`lox sync {self.local_root} --to '{self.spec()}'`.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _durable(self, run_id: str, path: str) -> None:
+        run = self._runs.get(run_id)
+        if run is not None:  # a run of the shared log that this backend did not open
+            self._sender.put(("file", run, path))
+
+    # --- sending (the sender thread, and `lox sync`) ------------------------------------
+    def sent_record(self, folder: str) -> "SentRecord":
+        return SentRecord(folder, self.tracker, self.destination())
+
+    def _open(self, run: hooks.RunInfo, folder: str) -> tuple[SentRecord, dict]:
+        record = self.sent_record(folder)
+        remote = self.start_run(run, record.remote)
+        if remote != record.remote:
+            record.set_remote(remote)
+        return record, remote
+
+    def _send_file(self, run: hooks.RunInfo, record: SentRecord, remote: dict, path: str) -> int:
+        """Send one batch file unless it was sent before; its number of rows sent."""
+        import pyarrow.parquet as pq
+
+        name = os.path.basename(path)
+        if name in record.files or name in record.unconfirmed:
+            return 0
+        table = pq.read_table(path)
+        meta = table.schema.metadata or {}
+        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(os.path.getmtime(path) * 1000)
+        self.send(run, remote, Batch(name, time_ms, table))
+        if self.confirms_at_end:
+            record.unconfirmed.append(name)
+        else:
+            record.add_file(name)
+        return table.num_rows
+
+    def _end(self, run: hooks.RunInfo, record: SentRecord, remote: dict) -> None:
+        self.end_run(run, remote)
+        for name in record.unconfirmed:
+            record.add_file(name)
+        record.unconfirmed.clear()
+        record.close()
+
+    def sync_run(self, folder: str) -> tuple[int, int]:
+        """Send what of the run in `folder` did not reach this destination yet
+        (``lox sync``); end the run at the tracker if it finished. Returns
+        (batch files sent, rows sent)."""
+        from lox_backends.parquet import _batch_files, _read_run_json
+
+        self.syncing = True
+        info = _read_run_json(folder)
+        run = hooks.RunInfo(info["run_id"], info.get("name", info["run_id"]), info.get("group", ""),
+                            info.get("index", 0), info.get("metadata") or {})
+        record = self.sent_record(folder)
+        missing = [path for _, name, path in _batch_files(folder) if name not in record.files]
+        ending = info.get("status") == "finished" or self.confirms_at_end
+        if not missing and (record.closed or not ending):
+            return 0, 0  # nothing to do: the tracker is not even contacted
+        record, remote = self._open(run, folder)
+        files = rows = 0
+        for path in missing:
+            rows += self._send_file(run, record, remote, path)
+            files += 1
+        if (ending and not record.closed) or record.unconfirmed:
+            self._end(run, record, remote)
+        return files, rows
+
+
+class Unsendable(Exception):
+    """Raised by `TrackerBackend.send` for a batch the tracker refuses for good
+    (not a network error): lox warns and goes on with the next batch instead
+    of retrying; the batch stays in the local log, unrecorded, so that
+    ``lox sync`` tries it again (after the cause is fixed)."""
+
+
+class SentRecord:
+    """``_sent-<tracker>-<hash>.jsonl`` in a run folder: the tracker's run id,
+    then one line per batch file that reached the tracker, then ``closed``.
+    Appended and fsynced line by line; a torn last line is ignored."""
+
+    def __init__(self, folder: str, tracker: str, destination: str):
+        digest = hashlib.sha256(destination.encode()).hexdigest()[:10]
+        self.path = os.path.join(folder, f"_sent-{tracker}-{digest}.jsonl")
+        self.destination = destination
+        self.remote: dict | None = None
+        self.files: set[str] = set()
+        self.unconfirmed: list[str] = []  # sent, recorded when the run ends (`confirms_at_end`)
+        self.closed = False
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # the process died while writing this line
+            if "remote" in entry:
+                self.remote = entry["remote"]
+            if "file" in entry:
+                self.files.add(entry["file"])
+            if entry.get("closed"):
+                self.closed = True
+
+    def set_remote(self, remote: dict) -> None:
+        self.remote = remote
+        self._append({"remote": remote, "destination": mask_secrets(self.destination)})
+
+    def add_file(self, name: str) -> None:
+        self.files.add(name)
+        self._append({"file": name})
+
+    def close(self) -> None:
+        self.closed = True
+        self._append({"closed": True})
+
+    def _append(self, entry: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class _Sender:
+    """The thread that sends a tracker backend's queue, in order, retrying each
+    item with backoff until it succeeds (one warning per outage)."""
+
+    def __init__(self, backend: TrackerBackend):
+        self._backend = backend
+        self._items: list[tuple] = []
+        self._condition = threading.Condition()
+        self._busy = False
+        self._open: dict[str, tuple[SentRecord, dict]] = {}  # run_id → record, remote
+        self._runs_open: dict[str, hooks.RunInfo] = {}
+        self.last_error: BaseException | None = None
+        self._warned = False
+        # Started now, in the thread that creates the backend: Python refuses
+        # new threads while the interpreter exits, when the last batches go out.
+        self._thread = threading.Thread(target=self._run, name=f"lox-send-{backend.tracker}", daemon=True)
+        self._thread.start()
+
+    def put(self, item: tuple) -> None:
+        with self._condition:
+            self._items.append(item)
+            self._condition.notify_all()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether the queue emptied within `timeout` seconds."""
+        with self._condition:
+            return self._condition.wait_for(lambda: not self._items and not self._busy, timeout)
+
+    def unsent(self) -> int:
+        with self._condition:
+            return sum(1 for item in self._items if item[0] == "file") + (1 if self._busy else 0)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(lambda: self._items)
+                item = self._items[0]
+                self._busy = True
+            self._with_retries(item)
+            with self._condition:
+                self._items.pop(0)
+                self._busy = False
+                self._condition.notify_all()
+            if item[0] == "shutdown":
+                return
+
+    def _with_retries(self, item: tuple) -> None:
+        delay = RETRY_FIRST
+        while True:
+            try:
+                self._handle(*item)
+            except Unsendable as error:
+                backend, (kind, run, where) = self._backend, item
+                what = f"{os.path.basename(where)} of run" if kind == "file" else f"to {kind} run"
+                warnings.warn(
+                    f"lox: {backend.spec()} refused {what} {run.name!r}: {mask_secrets(str(error))}. "
+                    f"The run stays in {backend.local_root!r}; lox goes on with what comes next.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return
+            except Exception as error:  # noqa: BLE001 - retried; reported once per outage
+                self.last_error = error
+                if not self._warned:
+                    self._warned = True
+                    backend = self._backend
+                    warnings.warn(
+                        f"lox: sending to {backend.spec()} failed ({type(error).__name__}: {mask_secrets(str(error))}). "
+                        f"lox keeps retrying in the background; your logs are safe in {backend.local_root!r}.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+            else:
+                if self._warned:
+                    self._warned = False  # reachable again: warn again at the next outage
+                return
+
+    def _handle(self, kind: str, run: hooks.RunInfo | None, where: str | None) -> None:
+        backend = self._backend
+        if kind == "shutdown":
+            if backend.confirms_at_end:  # runs the Logger never finished: what they hold must be written
+                for run_id, (record, remote) in list(self._open.items()):
+                    backend._end(self._runs_open[run_id], record, remote)
+                    del self._open[run_id]
+            backend.shutdown()
+            return
+        if run.run_id not in self._open:
+            folder = where if kind != "file" else os.path.dirname(where)
+            self._open[run.run_id] = backend._open(run, folder)
+            self._runs_open[run.run_id] = run
+        record, remote = self._open[run.run_id]
+        if kind == "file":
+            backend._send_file(run, record, remote, where)
+        elif kind == "close":
+            if not record.closed:
+                backend._end(run, record, remote)
+            del self._open[run.run_id]
+
+
+# --- reading batch tables -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One batch file of a run's local log, to send.
+
+    `name` is the file's name (unique within the run: name what the batch
+    becomes at the tracker after it, e.g. an artifact, so that sending it
+    again replaces it); `time_ms` is when it was written (Unix milliseconds:
+    give its values this timestamp, so that sending it again repeats them
+    exactly); `table` holds the rows (lox's Arrow schema).
+    """
+
+    name: str
+    time_ms: int
+    table: "pa.Table"
+
+
+@dataclasses.dataclass
+class Scalars:
+    """The scalar events of a batch table, as columns (one entry per event).
+
+    `steps` maps each step name to int64 steps, `lox.NO_STEP` where an event
+    has no step of that name; `primary` is the step name trackers use as their
+    step (``step`` if present, else the first), None without steps.
+    """
+
+    keys: np.ndarray  # of str (object)
+    values: np.ndarray
+    steps: dict[str, np.ndarray]
+    primary: str | None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def by_key(self) -> dict[str, np.ndarray]:
+        """Each key's event positions (in order), keys in order of first appearance."""
+        if not len(self.keys):
+            return {}
+        names, first, inverse = np.unique(self.keys, return_index=True, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        groups = np.split(order, np.cumsum(np.bincount(inverse, minlength=len(names)))[:-1])
+        return {names[g]: groups[g] for g in np.argsort(first)}
+
+
+def scalars(table: "pa.Table") -> Scalars:
+    """The events of `table` whose value is a real number (every scalar but complex)."""
+    import pyarrow.compute as pc
+
+    from lox_core.logdict import ARROW_COLUMNS, NO_STEP
+
+    scalar = pc.equal(pc.list_value_length(table.column("shape")), 0)
+    rows = table.filter(scalar)
+    values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+    missing = np.flatnonzero(np.isnan(values) & ~rows.column("value").is_valid().to_numpy(zero_copy_only=False))
+    keep = np.ones(len(values), bool)
+    if missing.size:  # int64 / uint64 scalars are kept as bytes; complex ones are left out
+        dtypes = rows.column("dtype").to_pylist()
+        data = rows.column("data").to_pylist()
+        for i in missing:
+            dtype = np.dtype(dtypes[i])
+            if dtype.kind in "iu":
+                values[i] = float(np.frombuffer(data[i], dtype)[0])
+            else:
+                keep[i] = False
+    names = [c for c in table.column_names if c not in ARROW_COLUMNS]
+    steps = {n: rows.column(n).fill_null(NO_STEP).to_numpy(zero_copy_only=False).astype(np.int64)[keep] for n in names}
+    keys = _strings(rows.column("key"))[keep]
+    primary = "step" if "step" in names else (names[0] if names else None)
+    return Scalars(keys, values[keep], steps, primary)
+
+
+def _strings(column) -> np.ndarray:
+    """A string column as an object array; a dictionary column without making
+    a Python string per row."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        parts = [
+            np.asarray(chunk.dictionary.to_pylist() + [None], object)[chunk.indices.fill_null(-1).to_numpy()]
+            for chunk in column.chunks
+        ]
+        return np.concatenate(parts) if parts else np.empty(0, object)
+    return np.asarray(column.to_pylist(), object)
+
+
+def arrays(table: "pa.Table") -> "pa.Table":
+    """The rows of `table` whose events are arrays (read them with
+    `lox.logdict.from_arrow`); trackers keep them as files, histograms..."""
+    import pyarrow.compute as pc
+
+    return table.filter(pc.greater(pc.list_value_length(table.column("shape")), 0))
+
+
+def local_runs(path: str) -> list[str]:
+    """The run folders at `path`: a run folder, or a folder of them (oldest first)."""
+    from lox_backends.parquet import _locate
+
+    return [folder for folder, _ in _locate(path)[1]]
+
+
+def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
+    """Send the runs at `path` (a run folder or a folder of runs, as the parquet
+    backend and the trackers' local logs write them) to the tracker `spec`,
+    skipping what reached it before. Returns (run folder, batch files sent,
+    rows sent) per run. This is ``lox sync PATH --to SPEC``."""
+    from lox_backends.config import parse
+    from lox_backends.registry import registry
+
+    folders = local_runs(path)  # a wrong path is reported before anything is created
+    configs = parse(spec)
+    if len(configs) != 1:
+        raise ValueError(f"`lox sync --to` takes one tracker, got {len(configs)}: {mask_secrets(spec)!r}.")
+    backend = registry.create(configs[0])
+    if not isinstance(backend, TrackerBackend):
+        raise ValueError(
+            f"`lox sync --to {configs[0].name}`: {configs[0].name!r} is not a tracker; lox sync sends runs to "
+            "trackers such as mlflow, wandb and neptune (a parquet folder can be copied as it is)."
+        )
+    done = []
+    try:
+        for folder in folders:
+            done.append((folder, *backend.sync_run(folder)))
+    finally:
+        backend.shutdown()
+    return done

@@ -1,0 +1,333 @@
+"""The mlflow backend against a real MLflow server on 127.0.0.1 (and SQLite
+tracking URIs): seeds become runs, every value arrives once, through a server
+outage and a killed process (`lox sync`)."""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from mlflow.tracking import MlflowClient
+
+import lox
+from lox_backends import cli, hooks
+from lox_backends.parquet import ParquetBackend
+from lox_backends.tracker import sync
+from lox_core.arrow import from_arrow
+from mlflow_server import CLIENT_ENV, MlflowServer, free_port
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STEPS_PER_EPOCH = 4
+
+
+def train(w, epoch):
+    """Halves w every step; logs loss = w², a 2-vector and the epoch."""
+
+    def step(w, i):
+        lox.log({"loss": w * w, "grad": jnp.stack([w, -w])}, step=epoch * STEPS_PER_EPOCH + i, epoch=epoch)
+        return w * 0.5, None
+
+    return jax.lax.scan(step, w, jnp.arange(STEPS_PER_EPOCH))[0]
+
+
+def expected(w0, epochs):
+    """The events `train` logs from w0 over `epochs` calls, computed by hand in float32."""
+    w = np.float32(w0)
+    events = []
+    for epoch in range(epochs):
+        for i in range(STEPS_PER_EPOCH):
+            events.append((epoch * STEPS_PER_EPOCH + i, epoch, float(w * w), [float(w), float(-w)]))
+            w = np.float32(w * np.float32(0.5))
+    return events
+
+
+def history(client, run_id, key):
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def runs_by_name(client, experiment):
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"experiment {experiment!r} was not created"
+    return {r.info.run_name: r for r in client.search_runs([found.experiment_id])}
+
+
+def fresh_experiment():
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def train_seeds(logger, w0s, epochs):
+    states = jax.vmap(lambda key, w0: logger.init(key, lr=0.1, w0=w0))(
+        jax.random.split(jax.random.key(0), len(w0s)), jnp.asarray(w0s)
+    )
+    one_epoch = jax.jit(jax.vmap(lambda s, w, e: logger.spool(train, s)(w, e), in_axes=(0, 0, None)))
+    w = jnp.asarray(w0s, jnp.float32)
+    for epoch in range(epochs):
+        w = one_epoch(states, w, epoch)
+    return states
+
+
+def test_seeds_become_runs_with_every_value_once(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}", name="seed")
+    w0s = [1.0, 2.0, 3.0]
+    states = train_seeds(logger, w0s, epochs=3)
+    logger.finish(states)
+
+    client = MlflowClient(mlflow_server.url)
+    runs = runs_by_name(client, experiment)
+    assert sorted(runs) == ["seed-0", "seed-1", "seed-2"]
+    groups = {r.data.tags["lox.group"] for r in runs.values()}
+    assert groups == {logger.group}  # the seeds share one group tag
+    for index, w0 in enumerate(w0s):
+        run = runs[f"seed-{index}"]
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["lox.index"] == str(index)
+        assert run.data.params["lr"] == "0.1" and float(run.data.params["w0"]) == w0
+        events = expected(w0, 3)
+        assert history(client, run.info.run_id, "loss") == [(s, v) for s, _, v, _ in events]
+        assert history(client, run.info.run_id, "epoch") == [(s, float(e)) for s, e, _, _ in events]
+        # The vector went to the artifacts as Parquet, in lox's schema.
+        folder = client.download_artifacts(run.info.run_id, "lox", str(tmp_path / f"artifacts-{index}"))
+        parts = [from_arrow(pq.read_table(p)) for p in sorted(pathlib.Path(folder).glob("*.parquet"))]
+        grads = np.concatenate([p["grad"] for p in parts])
+        steps = np.concatenate([p.step["grad"] for p in parts])
+        assert steps.tolist() == [s for s, _, _, _ in events]
+        assert grads.tolist() == [g for _, _, _, g in events]
+
+    # The local log the runs were sent from reads back the same.
+    local = lox.load(tmp_path / "lox-runs")
+    assert len(local) == 3
+    for logs, w0 in zip(local.values(), w0s):
+        assert logs["loss"].tolist() == [v for _, _, v, _ in expected(w0, 3)]
+
+
+def test_tapped_events_reach_a_sqlite_tracking_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=tapped")
+    state = logger.init(name="tapped")
+    jax.jit(logger.tap(train, state))(jnp.float32(2.0), 0)
+    jax.jit(logger.tap(train, state))(jnp.float32(0.125), 1)
+    logger.finish(state)
+
+    client = MlflowClient(uri)
+    run = runs_by_name(client, "tapped")["tapped"]
+    assert history(client, run.info.run_id, "loss") == [(s, v) for s, _, v, _ in expected(2.0, 2)]
+
+
+def test_a_batch_larger_than_one_request(mlflow_server, tmp_path, monkeypatch):
+    """MLflow takes at most 1000 metrics per request: a 1500-event batch (3000
+    metrics with its epoch) is split, and every value arrives."""
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}")
+    state = logger.init(name="big")
+
+    def many(x):
+        def step(x, i):
+            lox.log({"x": x}, step=i, epoch=i // 100)
+            return x + 1.0, None
+
+        return jax.lax.scan(step, x, jnp.arange(1500))[0]
+
+    logger.spool(many, state)(jnp.float32(0.0))
+    logger.finish(state)
+    client = MlflowClient(mlflow_server.url)
+    run = runs_by_name(client, experiment)["big"]
+    assert history(client, run.info.run_id, "x") == [(i, float(i)) for i in range(1500)]
+    assert history(client, run.info.run_id, "epoch") == [(i, float(i // 100)) for i in range(1500)]
+
+
+def test_a_parquet_backend_on_the_same_folder_is_the_local_log(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    logger = lox.loggers.from_config(f"parquet:runs,mlflow:{mlflow_server.url}?experiment={experiment}&local=runs")
+    states = train_seeds(logger, [1.0, 2.0], epochs=2)
+    logger.finish(states)
+    # Each event saved once (one writer for the folder), and sent.
+    local = lox.load(tmp_path / "runs")
+    assert [logs["loss"].tolist() for logs in local.values()] == [
+        [v for _, _, v, _ in expected(w0, 2)] for w0 in (1.0, 2.0)
+    ]
+    client = MlflowClient(mlflow_server.url)
+    runs = runs_by_name(client, experiment)
+    assert [len(history(client, runs[f"lox-{i}"].info.run_id, "loss")) for i in range(2)] == [8, 8]
+
+
+def test_two_parquet_backends_on_one_folder_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"two parquet backends write to '.*same'; every event would be saved twice"):
+        lox.loggers.from_config(f"parquet:{tmp_path}/same,parquet:{tmp_path}/same")
+
+
+def test_unknown_option_is_refused():
+    with pytest.raises(ValueError, match=r"the mlflow backend has no option 'project'; its options are: experiment .*local"):
+        lox.loggers.from_config("mlflow:sqlite:///x.db?project=p")
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    """A server the test can stop and start again (same port, same database)."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    server = MlflowServer(folder, port=free_port()).start()
+    yield server
+    server.stop()
+
+
+def test_server_down_then_back_loses_and_repeats_nothing(own_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    spec = f"mlflow:{own_server.url}?experiment=outage"
+    logger = lox.loggers.from_config(spec, flush_every=0.5)
+    state = logger.init(name="outage")
+    step = jax.jit(logger.spool(train, state))
+    w = step(jnp.float32(1.0), 0)
+    logger.flush()
+
+    own_server.stop()
+    w = step(w, 1)  # training goes on while the server is down
+    with pytest.warns(RuntimeWarning) as caught:
+        logger.flush(timeout=3)
+    messages = [str(w.message) for w in caught]
+    assert any("sending to mlflow:" in m and "keeps retrying in the background" in m for m in messages), messages
+    assert any(
+        "were not sent within 3 s" in m and f"lox sync {tmp_path / 'lox-runs'} --to '{spec}'" in m for m in messages
+    ), messages
+    w = step(w, 2)
+
+    own_server.start()
+    logger.finish(state, timeout=120)
+    client = MlflowClient(own_server.url)
+    run = runs_by_name(client, "outage")["outage"]
+    assert history(client, run.info.run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 3)]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+CRASHING = """
+import sys, time, jax, jax.numpy as jnp, lox
+sys.path.insert(0, {tests!r})
+from test_mlflow_backend import train
+logger = lox.loggers.from_config({spec!r})
+state = logger.init(name="crashed")
+step = jax.jit(logger.spool(train, state))
+w = step(jnp.float32(1.0), 0)
+logger.flush()
+print("sent", flush=True)
+sys.stdin.readline()  # the server is stopped now
+w = step(w, 1)
+w = step(w, 2)
+logger.flush(timeout=1)  # on disk; not sent
+print("flushed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_process_then_lox_sync_delivers_everything_once(own_server, tmp_path):
+    spec = f"mlflow:{own_server.url}?experiment=crash"
+    env = {**os.environ, **CLIENT_ENV, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    script = CRASHING.format(tests=str(REPO / "tests"), spec=spec)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout.readline().strip() == "sent", process.stderr.read()
+        own_server.stop()
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "flushed", process.stderr.read()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    own_server.start()
+    client = MlflowClient(own_server.url)
+    run_id = runs_by_name(client, "crash")["crashed"].info.run_id
+    assert history(client, run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 1)]
+
+    command = [sys.executable, "-m", "lox_backends.cli", "sync", "lox-runs", "--to", spec]
+    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1] == f"sent 1 batch file(s), 16 row(s) to {spec}"
+    assert history(client, run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 3)]
+    assert history(client, run_id, "epoch") == [(s, float(e)) for s, e, _, _ in expected(1.0, 3)]
+    assert client.get_run(run_id).info.status == "RUNNING"  # the run never finished
+
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.stdout.splitlines()[-1] == f"sent 0 batch file(s), 0 row(s) to {spec}"
+    assert len(history(client, run_id, "loss")) == 3 * STEPS_PER_EPOCH
+
+
+def test_sync_resends_a_batch_without_duplicates(tmp_path, monkeypatch):
+    """The record of what was sent lost (a crash between sending and
+    recording): sending again leaves MLflow with each value once."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    spec = f"mlflow:sqlite:///{tmp_path}/m.db?experiment=again"
+    logger = lox.loggers.from_config(spec)
+    states = train_seeds(logger, [1.0, 2.0], epochs=2)
+    logger.finish(states)
+    for record in (tmp_path / "lox-runs").glob("*/_sent-mlflow-*.jsonl"):
+        record.unlink()
+    assert [files for _, files, _ in sync("lox-runs", spec)] == [1, 1]
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    runs = runs_by_name(client, "again")
+    assert sorted(runs) == ["lox-0", "lox-1"]  # found again by their lox.run_id tag
+    for index, w0 in enumerate([1.0, 2.0]):
+        assert history(client, runs[f"lox-{index}"].info.run_id, "loss") == [(s, v) for s, _, v, _ in expected(w0, 2)]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sync", "{tmp}/runs", "--to", "parquet:x"], "'parquet' is not a tracker; lox sync sends runs to trackers"),
+        (["sync", "{tmp}/runs", "--to", "mlflow,mlflow"], "`lox sync --to` takes one tracker, got 2"),
+        (["sync", "{tmp}/missing", "--to", "mlflow"], "no such folder: '{tmp}/missing'"),
+        (["sync", "{tmp}/runs", "--to", "mlflw"], "Did you mean 'mlflow'?"),
+    ],
+)
+def test_sync_errors(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    backend = ParquetBackend(str(tmp_path / "runs"))
+    backend.open_run(hooks.RunInfo("run-0", "run", "g"))  # a run to sync
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    assert exit.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+def test_a_refused_batch_is_skipped_with_a_warning_not_retried_forever(mlflow_server, tmp_path, monkeypatch):
+    """MLflow refusing a request for good (the run was deleted meanwhile) is
+    not an outage: lox warns, goes on, and `finish` returns."""
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}")
+    state = logger.init(name="deleted")
+    logger.flush()
+    client = MlflowClient(mlflow_server.url)
+    client.delete_run(runs_by_name(client, experiment)["deleted"].info.run_id)
+    jax.jit(logger.spool(train, state))(jnp.float32(1.0), 0)
+    with pytest.warns(RuntimeWarning) as caught:
+        logger.finish(state, timeout=30)
+    messages = [str(w.message) for w in caught]
+    assert any(
+        re.search(r"refused batch-000000-[0-9a-f]{8}\.parquet of run 'deleted': INVALID_PARAMETER_VALUE.*deleted", m)
+        and "The run stays in" in m
+        for m in messages
+    ), messages
+    assert not any("were not sent within" in m for m in messages), messages  # nothing left hanging
+    assert lox.load(tmp_path / "lox-runs").popitem()[1]["loss"].shape == (STEPS_PER_EPOCH,)  # kept locally
