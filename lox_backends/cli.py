@@ -59,13 +59,21 @@ def _run(args) -> None:
         print(backends_table())
     elif args.command == "sync":
         from lox_backends.config import mask_secrets
-        from lox_backends.tracker import sync
+        from lox_backends.tracker import SyncError, sync
 
+        try:
+            done, error = sync(args.path, args.to), None
+        except SyncError as failure:
+            done, error = failure.done, failure
         total_files = total_rows = 0
-        for folder, files, rows in sync(args.path, args.to):
+        for folder, files, rows in done:
             print(f"{folder}: sent {files} batch file(s), {rows} row(s)")
             total_files, total_rows = total_files + files, total_rows + rows
         print(f"sent {total_files} batch file(s), {total_rows} row(s) to {mask_secrets(args.to)}")
+        if error is not None:
+            print(f"lox sync: error: {error}\nRun `lox sync` again once the cause is fixed: it sends only what "
+                  "is missing.", file=sys.stderr)
+            raise SystemExit(1)
 
 
 def backends_table() -> str:

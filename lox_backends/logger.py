@@ -511,8 +511,10 @@ class Logger:
         flushed it); raise what a backend raised."""
         jax.effects_barrier()  # tapped events still on their way from the device
         deadline = self._deadline(timeout)
-        self._writer.run_and_wait([self._flush_all], _left(deadline))
-        self._wait_backends(deadline)
+        try:
+            self._writer.run_and_wait([self._flush_all], _left(deadline))
+        finally:
+            self._wait_backends(deadline)
 
     def _deadline(self, timeout: float | None) -> float | None:
         timeout = self.timeout if timeout is None else timeout
@@ -570,8 +572,10 @@ class Logger:
 
         tasks = [lambda run=run: close_run(run) for run in closing]
         deadline = self._deadline(timeout)
-        self._writer.run_and_wait([*tasks, self._flush_all], _left(deadline))
-        self._wait_backends(deadline)
+        try:
+            self._writer.run_and_wait([*tasks, self._flush_all], _left(deadline))
+        finally:  # trackers send what reached them even when a backend failed
+            self._wait_backends(deadline)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush and close every backend and stop the writer; the logger cannot be
@@ -586,6 +590,11 @@ class Logger:
             self._writer.run_and_wait([self._flush_all, lambda: self._each_backend(lambda b: b.close())], _left(deadline))
         except TimeoutError:
             self._writer.stop(wait=False)  # stuck in a backend: do not wait for it
+            self._wait_backends(deadline)
+            raise
+        except BaseException:  # an earlier backend error: the others still get everything
+            self._writer.stop()
+            self._wait_backends(deadline)
             raise
         self._writer.stop()
         self._wait_backends(deadline)

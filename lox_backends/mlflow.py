@@ -15,10 +15,12 @@ What goes where:
   group or filter by it in the MLflow UI) and ``lox.index``. Run metadata and
   config become params (nested values as JSON text).
 * Scalar events become metrics, sent with ``log_batch`` (at most 1000 metrics
-  per request). Their MLflow step is the event's ``step`` (or its first step
-  name); every other step name is logged as a metric of its own at that step
-  (e.g. ``epoch``), so charts can use it as their x axis. Keys become metric
-  names, with characters MLflow refuses replaced by ``_``.
+  per request). Their MLflow step is the event's ``step`` (else its first
+  other step name; 0 without any); every other step name it has is logged as
+  a metric of its own at that step (e.g. ``epoch``), so charts can use it as
+  their x axis. Keys become metric names, with characters MLflow refuses (and
+  empty, ``.`` and ``..`` path parts) replaced by ``_``: two keys that differ
+  only there become one metric.
 * Array-valued events go to the run's artifacts as Parquet files,
   ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
   folder of them; so do pandas and DuckDB).
@@ -34,14 +36,13 @@ stored once.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import tempfile
 
 from lox_backends import hooks
-from lox_backends.tracker import Batch, TrackerBackend, Unsendable, arrays, scalars
+from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
 
 DEFAULT_EXPERIMENT = "lox"
 MAX_METRICS = 1000  # per log_batch request (MLflow's limit)
@@ -66,6 +67,7 @@ class MlflowBackend(TrackerBackend):
 
         self._client = MlflowClient(tracking_uri=_absolute(target)) if target else MlflowClient()
         self._experiment_id: str | None = None
+        self._created: dict[str, str] = {}  # lox run id → MLflow run id created by this backend
 
     def destination(self) -> str:
         return f"{self._client.tracking_uri} experiment={self.experiment}"
@@ -88,15 +90,15 @@ class MlflowBackend(TrackerBackend):
         from mlflow.entities import Param
 
         client = self._client
-        run_id = self._find_run(run, remote)
+        run_id = self._find_run(run, remote) or self._created.get(run.run_id)
         if run_id is None:
             tags = {"lox.run_id": run.run_id, "lox.group": run.group, "lox.index": str(run.index)}
             run_id = client.create_run(self._experiment(), tags=tags, run_name=run.name).info.run_id
+            self._created[run.run_id] = run_id  # a retry (the params below failed) reuses it
         # Params have one value each: logging the same ones again (when a run is resumed) is harmless.
         params = [Param(_name(k), _param_value(v)) for k, v in sorted(run.metadata.items())]
-        with _refusals_unsendable():  # e.g. a param whose value changed since the run was created
-            for start in range(0, len(params), MAX_PARAMS):
-                client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
+        for start in range(0, len(params), MAX_PARAMS):
+            client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
         return {"run_id": run_id}
 
     def _find_run(self, run: hooks.RunInfo, remote: dict | None) -> str | None:
@@ -117,25 +119,19 @@ class MlflowBackend(TrackerBackend):
         from lox_core.logdict import NO_STEP
 
         events, time_ms = scalars(batch.table), batch.time_ms
-        if events.primary is None:
-            steps = np.zeros(len(events), np.int64)
-        else:
-            steps = np.where(events.steps[events.primary] == NO_STEP, 0, events.steps[events.primary])
-        names = {key: _name(key) for key in set(events.keys)}
+        steps, besides = events.tracker_steps()
+        steps[steps == NO_STEP] = 0  # MLflow needs a step
+        keys = {key: _name(key) for key in set(events.keys)}
         metrics = [
-            Metric(names[key], value, time_ms, step)
+            Metric(keys[key], value, time_ms, step)
             for key, value, step in zip(events.keys, events.values.tolist(), steps.tolist())
         ]
-        for step_name, other in events.steps.items():
-            if step_name == events.primary:
-                continue
+        for name, has in besides.items():
             # One metric per (step, value) of this step name, however many keys carried it.
-            has = other != NO_STEP
-            pairs = np.unique(np.stack([steps[has], other[has]], axis=1), axis=0).tolist()
-            metrics += [Metric(_name(step_name), float(value), time_ms, step) for step, value in pairs]
-        with _refusals_unsendable():
-            for start in range(0, len(metrics), MAX_METRICS):
-                self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS])
+            pairs = np.unique(np.stack([steps[has], events.steps[name][has]], axis=1), axis=0).tolist()
+            metrics += [Metric(_name(name), float(value), time_ms, step) for step, value in pairs]
+        for start in range(0, len(metrics), MAX_METRICS):
+            self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS])
         array_rows = arrays(batch.table)
         if array_rows.num_rows:
             import pyarrow.parquet as pq
@@ -146,23 +142,20 @@ class MlflowBackend(TrackerBackend):
                 self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
-        with _refusals_unsendable():
-            self._client.set_terminated(remote["run_id"], "FINISHED")
+        self._client.set_terminated(remote["run_id"], "FINISHED")
 
+    def transient(self, error: Exception) -> bool:
+        """Retried: the server unreachable, overloaded or failing (HTTP 5xx, 429),
+        the database busy. Not: what MLflow refuses (an invalid name or value, a
+        deleted run or experiment)."""
+        from mlflow.exceptions import MlflowException, RestException
 
-@contextlib.contextmanager
-def _refusals_unsendable():
-    """MLflow refusing a request (HTTP 4xx but 429: an invalid value, a deleted
-    run) fails again when retried: `Unsendable` skips the batch instead."""
-    from mlflow.exceptions import RestException
-
-    try:
-        yield
-    except RestException as error:
-        status = error.get_http_status_code()
-        if 400 <= status < 500 and status != 429:
-            raise Unsendable(str(error)) from error
-        raise
+        if isinstance(error, RestException):
+            status = error.get_http_status_code()
+            return status >= 500 or status == 429
+        if isinstance(error, MlflowException):
+            return error.error_code in ("INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
+        return super().transient(error)
 
 
 def _absolute(uri: str) -> str:
@@ -176,7 +169,10 @@ def _absolute(uri: str) -> str:
 
 
 def _name(key: str) -> str:
-    return _INVALID.sub("_", key)[:250]
+    """A metric or param name MLflow accepts: refused characters become ``_``,
+    and so do empty, ``.`` and ``..`` path parts (``a//b`` is ``a/_/b``)."""
+    parts = [part if part not in ("", ".", "..") else "_" for part in _INVALID.sub("_", key).split("/")]
+    return "/".join(parts)[:250]
 
 
 def _param_value(value) -> str:

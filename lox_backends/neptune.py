@@ -114,6 +114,12 @@ class NeptuneBackend(TrackerBackend):
         self._last_steps: dict[str, dict[str, int]] = {}  # lox run id → series path → last step sent
         self._warned: set[tuple[str, str]] = set()
 
+    def transient(self, error: Exception) -> bool:
+        """Retried: the connection to Neptune lost (online). Not: what Neptune refuses."""
+        from neptune.exceptions import NeptuneConnectionLostException
+
+        return isinstance(error, NeptuneConnectionLostException) or super().transient(error)
+
     def destination(self) -> str:
         project = self.project or "(no project)"
         return f"{project} offline {self.data_dir}" if self.mode == "offline" else project
@@ -173,26 +179,18 @@ class NeptuneBackend(TrackerBackend):
 
     # --- batches ------------------------------------------------------------------------
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
-        from lox_core.logdict import NO_STEP
-
         neptune_run = self._run(run)
         last = self._last_steps[run.run_id]
         sent: dict[str, int] = {}  # last steps, kept once the whole batch is sent (else it is retried)
         events = scalars(batch.table)
         timestamp = batch.time_ms / 1000
-        # Each event's Neptune step: its primary step, else its first other step name.
-        names = sorted(events.steps, key=lambda name: name != events.primary)
-        x = np.full(len(events), NO_STEP, np.int64)
-        source = np.full(len(events), -1)
-        for j, name in enumerate(names):
-            take = (x == NO_STEP) & (events.steps[name] != NO_STEP)
-            x[take], source[take] = events.steps[name][take], j
+        x, besides = events.tracker_steps()  # each event's Neptune step; the step names besides it
         with _quiet():
             for key, rows in events.by_key().items():
                 self._extend(neptune_run, run, "metrics/" + _path(key), x[rows], events.values[rows],
                              timestamp, last, sent)
-            for j, name in enumerate(names):
-                rows = np.flatnonzero((events.steps[name] != NO_STEP) & (x != NO_STEP) & (source != j))
+            for name, has in besides.items():
+                rows = np.flatnonzero(has)
                 if rows.size:
                     values = events.steps[name][rows].astype(np.float64)
                     self._extend(neptune_run, run, "steps/" + _path(name), x[rows], values, timestamp, last, sent)

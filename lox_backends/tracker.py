@@ -106,6 +106,14 @@ class TrackerBackend(hooks.Backend):
     def shutdown(self) -> None:
         """Called once, after the last run, in the sending thread."""
 
+    def transient(self, error: Exception) -> bool:
+        """Whether `error` (raised by one of the methods above) may pass if the
+        call is made again: the tracker is unreachable, busy, restarting. Those
+        are retried with backoff; any other error (a value or name the tracker
+        refuses, a deleted run) is reported once and the batch skipped.
+        Override it to recognise your client's network errors."""
+        return isinstance(error, (OSError, TimeoutError, ConnectionError))
+
     def flush_before_exit_handlers(self) -> None:
         """Call after the tracker's client registered an exit handler (often
         when a run starts): lox's exit flush then runs first, and the client's
@@ -157,11 +165,13 @@ class TrackerBackend(hooks.Backend):
         self.log.flush()  # durable files are queued for sending (`_durable`)
 
     def close_run(self, run: hooks.RunInfo) -> None:
-        if self._owns_log:
-            self.log.close_run(run)
-        else:
-            self.log.flush()  # its last files, before the run ends at the tracker
-        self._sender.put(("close", run, os.path.join(self.local_root, run.run_id)))
+        try:
+            if self._owns_log:
+                self.log.close_run(run)
+            else:
+                self.log.flush()  # its last files, before the run ends at the tracker
+        finally:  # the run ends at the tracker even if its last local write failed
+            self._sender.put(("close", run, os.path.join(self.local_root, run.run_id)))
 
     def close(self) -> None:
         if self._owns_log:
@@ -176,7 +186,7 @@ class TrackerBackend(hooks.Backend):
             error = self._sender.last_error
             warnings.warn(
                 f"lox: {unsent} batch file(s) of {self.spec()} were not sent within {round(timeout or 0, 1):g} s"
-                + (f" (last error: {error})" if error else "")
+                + (f" (last error: {mask_secrets(str(error))})" if error else "")
                 + f". They are kept in {self.local_root!r}; send them later with "
                 f"`lox sync {self.local_root} --to '{self.spec()}'`.",
                 RuntimeWarning,
@@ -192,11 +202,20 @@ class TrackerBackend(hooks.Backend):
     def sent_record(self, folder: str) -> "SentRecord":
         return SentRecord(folder, self.tracker, self.destination())
 
-    def _open(self, run: hooks.RunInfo, folder: str) -> tuple[SentRecord, dict]:
+    def _open(self, run: hooks.RunInfo, folder: str, lock: bool = True) -> tuple[SentRecord, dict]:
         record = self.sent_record(folder)
-        remote = self.start_run(run, record.remote)
-        if remote != record.remote:
-            record.set_remote(remote)
+        if lock and not record.lock():
+            raise Unsendable(
+                f"another process is sending run {run.name!r} to this destination now (it holds {record.lock_path}); "
+                "lox sync leaves live runs to it"
+            )
+        try:
+            remote = self.start_run(run, record.remote)
+            if remote != record.remote:
+                record.set_remote(remote)
+        except BaseException:
+            record.unlock()  # a retry opens the record again
+            raise
         return record, remote
 
     def _send_file(self, run: hooks.RunInfo, record: SentRecord, remote: dict, path: str) -> int:
@@ -238,13 +257,26 @@ class TrackerBackend(hooks.Backend):
         ending = info.get("status") == "finished" or self.confirms_at_end
         if not missing and (record.closed or not ending):
             return 0, 0  # nothing to do: the tracker is not even contacted
-        record, remote = self._open(run, folder)
-        files = rows = 0
-        for path in missing:
-            rows += self._send_file(run, record, remote, path)
-            files += 1
-        if (ending and not record.closed) or record.unconfirmed:
-            self._end(run, record, remote)
+        record, remote = self._open(run, folder)  # refused while a live process sends this run
+        try:
+            files = rows = 0
+            for path in missing:
+                try:
+                    rows += self._send_file(run, record, remote, path)
+                    files += 1
+                except Exception as error:  # noqa: BLE001 - a refused batch does not stop the others
+                    if not isinstance(error, Unsendable) and self.transient(error):
+                        raise
+                    warnings.warn(
+                        f"lox sync: {self.spec()} refused {os.path.basename(path)} of run {run.name!r} "
+                        f"({type(error).__name__}: {mask_secrets(str(error))}); it stays unsent.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            if (ending and not record.closed) or record.unconfirmed:
+                self._end(run, record, remote)
+        finally:
+            record.unlock()
         return files, rows
 
 
@@ -263,6 +295,8 @@ class SentRecord:
     def __init__(self, folder: str, tracker: str, destination: str):
         digest = hashlib.sha256(destination.encode()).hexdigest()[:10]
         self.path = os.path.join(folder, f"_sent-{tracker}-{digest}.jsonl")
+        self.lock_path = os.path.join(folder, f"_sending-{tracker}-{digest}.lock")
+        self._lock_file = None
         self.destination = destination
         self.remote: dict | None = None
         self.files: set[str] = set()
@@ -298,10 +332,34 @@ class SentRecord:
         self._append({"closed": True})
 
     def _append(self, entry: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
+        with open(self.path, "ab+") as f:
+            # A line torn by a crash is ended first, so that it spoils only itself.
+            size = f.seek(0, os.SEEK_END)
+            torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
+            f.write((b"\n" if torn else b"") + json.dumps(entry).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def lock(self) -> bool:
+        """Hold the run's sending lock (released when the process ends, also
+        when it is killed); False if another process holds it."""
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks; `lox sync` trusts the user
+            return True
+        self._lock_file = open(self.lock_path, "a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            self._lock_file = None
+            return False
+        return True
+
+    def unlock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing releases the lock
+            self._lock_file = None
 
 
 class _Sender:
@@ -315,6 +373,7 @@ class _Sender:
         self._busy = False
         self._open: dict[str, tuple[SentRecord, dict]] = {}  # run_id → record, remote
         self._runs_open: dict[str, hooks.RunInfo] = {}
+        self._refused: set[str] = set()  # runs the tracker refused to open
         self.last_error: BaseException | None = None
         self._warned = False
         # Started now, in the thread that creates the backend: Python refuses
@@ -334,7 +393,7 @@ class _Sender:
 
     def unsent(self) -> int:
         with self._condition:
-            return sum(1 for item in self._items if item[0] == "file") + (1 if self._busy else 0)
+            return sum(1 for item in self._items if item[0] == "file")  # the one being sent included
 
     def _run(self) -> None:
         while True:
@@ -352,20 +411,30 @@ class _Sender:
 
     def _with_retries(self, item: tuple) -> None:
         delay = RETRY_FIRST
+        kind, run, where = item
         while True:
+            if run is not None and run.run_id in self._refused:
+                return  # the tracker refused to open this run: warned once, the rest stays local
             try:
                 self._handle(*item)
-            except Unsendable as error:
-                backend, (kind, run, where) = self._backend, item
-                what = f"{os.path.basename(where)} of run" if kind == "file" else f"to {kind} run"
-                warnings.warn(
-                    f"lox: {backend.spec()} refused {what} {run.name!r}: {mask_secrets(str(error))}. "
-                    f"The run stays in {backend.local_root!r}; lox goes on with what comes next.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return
-            except Exception as error:  # noqa: BLE001 - retried; reported once per outage
+            except Exception as error:  # noqa: BLE001 - retried when transient, else reported and skipped
+                backend = self._backend
+                if isinstance(error, Unsendable) or not backend.transient(error):
+                    if kind == "open" or run is not None and run.run_id not in self._open:
+                        self._refused.add(run.run_id)  # every later item of the run would fail alike
+                        what = f"to open run {run.name!r}"
+                    elif kind == "file":
+                        what = f"{os.path.basename(where)} of run {run.name!r}"
+                    else:
+                        what = f"to {kind} run {run.name!r}" if run is not None else "to shut down"
+                    warnings.warn(
+                        f"lox: {backend.spec()} refused {what} ({type(error).__name__}: {mask_secrets(str(error))}). "
+                        f"What it refused stays in {backend.local_root!r}; lox goes on without retrying it "
+                        f"(after fixing the cause: `lox sync {backend.local_root} --to '{backend.spec()}'`).",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    return
                 self.last_error = error
                 if not self._warned:
                     self._warned = True
@@ -386,10 +455,11 @@ class _Sender:
     def _handle(self, kind: str, run: hooks.RunInfo | None, where: str | None) -> None:
         backend = self._backend
         if kind == "shutdown":
-            if backend.confirms_at_end:  # runs the Logger never finished: what they hold must be written
-                for run_id, (record, remote) in list(self._open.items()):
+            for run_id, (record, remote) in list(self._open.items()):
+                if backend.confirms_at_end:  # runs the Logger never finished: what they hold must be written
                     backend._end(self._runs_open[run_id], record, remote)
-                    del self._open[run_id]
+                record.unlock()
+                del self._open[run_id]
             backend.shutdown()
             return
         if run.run_id not in self._open:
@@ -402,6 +472,7 @@ class _Sender:
         elif kind == "close":
             if not record.closed:
                 backend._end(run, record, remote)
+            record.unlock()
             del self._open[run.run_id]
 
 
@@ -438,6 +509,22 @@ class Scalars:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def tracker_steps(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each event's step for a tracker with one step per value: its
+        `primary` step, else its first other step name's (`lox.NO_STEP`
+        without any); and, per step name, which events also carry that name
+        besides the one chosen (to log as a series of its own, e.g. ``epoch``)."""
+        from lox_core.logdict import NO_STEP
+
+        names = sorted(self.steps, key=lambda name: name != self.primary)
+        chosen = np.full(len(self), NO_STEP, np.int64)
+        source = np.full(len(self), -1)
+        for j, name in enumerate(names):
+            take = (chosen == NO_STEP) & (self.steps[name] != NO_STEP)
+            chosen[take], source[take] = self.steps[name][take], j
+        besides = {name: (self.steps[name] != NO_STEP) & (source != j) for j, name in enumerate(names)}
+        return chosen, besides
 
     def by_key(self) -> dict[str, np.ndarray]:
         """Each key's event positions (in order), keys in order of first appearance."""
@@ -523,10 +610,26 @@ def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
             f"`lox sync --to {configs[0].name}`: {configs[0].name!r} is not a tracker; lox sync sends runs to "
             "trackers such as mlflow, wandb and neptune (a parquet folder can be copied as it is)."
         )
-    done = []
+    done, failed = [], []
     try:
         for folder in folders:
-            done.append((folder, *backend.sync_run(folder)))
+            try:
+                done.append((folder, *backend.sync_run(folder)))
+            except Exception as error:  # noqa: BLE001 - one run's failure does not keep the others back
+                failed.append((folder, error))
     finally:
         backend.shutdown()
+    if failed:
+        raise SyncError(done, failed)
     return done
+
+
+class SyncError(RuntimeError):
+    """Some runs could not be synced: `done` holds what the others sent,
+    `failed` (run folder, error) pairs. Running ``lox sync`` again later sends
+    only what is still missing."""
+
+    def __init__(self, done: list[tuple[str, int, int]], failed: list[tuple[str, Exception]]):
+        self.done, self.failed = done, failed
+        lines = [f"{folder}: {type(e).__name__}: {mask_secrets(str(e))}" for folder, e in failed]
+        super().__init__(f"{len(failed)} run(s) could not be synced:\n  " + "\n  ".join(lines))

@@ -70,6 +70,7 @@ MODES = ("online", "offline", "disabled")
 MAX_ID = 64  # characters of a W&B run id that lox derives
 HISTOGRAM_BINS = 64
 FILE_TIMEOUT = 60.0  # seconds `end_run` waits for W&B to complete an offline run's file
+_PROJECT_REFUSED = "/\\#?%:"
 _ID = re.compile(r"[A-Za-z0-9_-]{1,%d}" % MAX_ID)
 
 
@@ -94,6 +95,12 @@ class WandbBackend(TrackerBackend):
             )
         self.mode = _mode(self.options.get("mode"))
         self.project = self.options.get("project") or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        bad = sorted(set(self.project) & set(_PROJECT_REFUSED))
+        if bad:
+            raise ValueError(
+                f"the wandb backend's project {self.project!r} has {''.join(bad)!r}, which W&B refuses in project "
+                f"names ({_PROJECT_REFUSED}). E.g. {self.example!r}."
+            )
         self.entity = self.options.get("entity") or os.environ.get("WANDB_ENTITY") or None
         # Resolved now, as the local log's folder is: where offline runs go.
         self.wandb_dir = os.path.abspath(os.environ.get("WANDB_DIR") or os.getcwd())
@@ -131,11 +138,18 @@ class WandbBackend(TrackerBackend):
 
     # --- the tracker contract (all in the sending thread) --------------------------------------
     def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
-        # The W&B run starts with its first batch (or when the run ends): a
-        # `lox sync` that has nothing to send creates nothing. A run that an
-        # earlier process started (its id is on record) is resumed.
+        # A run that an earlier process started (its id is on record) is resumed.
         self._resume[run.run_id] = remote is not None
-        return {"id": remote["id"]} if remote and remote.get("id") else {"id": wandb_id(run.run_id)}
+        remote = {"id": remote["id"]} if remote and remote.get("id") else {"id": wandb_id(run.run_id)}
+        if self.mode != "disabled":
+            # Now, while the program runs: W&B starts threads, which Python
+            # refuses while the interpreter exits (when the last batches go out).
+            self._run(run, remote)
+        return remote
+
+    def transient(self, error: Exception) -> bool:
+        """Retried: W&B unreachable (online). Not: what W&B refuses."""
+        return isinstance(error, self._wandb.errors.CommError) or super().transient(error)
 
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
         if self.mode == "disabled":

@@ -20,7 +20,9 @@ from mlflow.tracking import MlflowClient
 import lox
 from lox_backends import cli, hooks
 from lox_backends.parquet import ParquetBackend
-from lox_backends.tracker import sync
+import lox_backends.logger
+from lox_backends.logger import BackendError
+from lox_backends.tracker import SentRecord, SyncError, sync
 from lox_core.arrow import from_arrow
 from mlflow_server import CLIENT_ENV, MlflowServer, free_port
 
@@ -325,9 +327,149 @@ def test_a_refused_batch_is_skipped_with_a_warning_not_retried_forever(mlflow_se
         logger.finish(state, timeout=30)
     messages = [str(w.message) for w in caught]
     assert any(
-        re.search(r"refused batch-000000-[0-9a-f]{8}\.parquet of run 'deleted': INVALID_PARAMETER_VALUE.*deleted", m)
-        and "The run stays in" in m
+        re.search(r"refused batch-000000-[0-9a-f]{8}\.parquet of run 'deleted' \(RestException: INVALID_PARAMETER_VALUE.*deleted", m)
+        and "What it refused stays in" in m and "lox goes on without retrying it" in m
         for m in messages
     ), messages
     assert not any("were not sent within" in m for m in messages), messages  # nothing left hanging
     assert lox.load(tmp_path / "lox-runs").popitem()[1]["loss"].shape == (STEPS_PER_EPOCH,)  # kept locally
+
+
+def test_a_run_the_tracker_refuses_to_open_is_warned_about_once(mlflow_server, tmp_path, monkeypatch, recwarn):
+    """The experiment was deleted: MLflow refuses to create runs in it. lox
+    warns once, keeps every batch locally, and `finish` returns at once."""
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    client = MlflowClient(mlflow_server.url)
+    client.delete_experiment(client.create_experiment(experiment))
+    logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}")
+    state = logger.init(name="nowhere")
+    step = jax.jit(logger.spool(train, state))
+    w = step(jnp.float32(1.0), 0)
+    logger.flush()
+    step(w, 1)
+    logger.finish(state, timeout=60)
+    messages = [str(w.message) for w in recwarn]
+    refused = [m for m in messages if "refused to open run 'nowhere'" in m]
+    assert len(refused) == 1 and "RestException" in refused[0] and "must be in the 'active' state" in refused[0], messages
+    assert not any("were not sent within" in m for m in messages), messages
+    (logs,) = lox.load(tmp_path / "lox-runs").values()
+    assert logs["loss"].shape == (2 * STEPS_PER_EPOCH,)
+
+
+def test_names_mlflow_refuses_are_made_valid_and_the_other_keys_still_arrive(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=names")
+    state = logger.init(name="names")
+    values = np.array([0.5, 0.25])
+    logger.log(state, lox.logdict({"train//loss": values, "/x/./y": values + 1, "good": values + 2},
+                                  {"step": dict.fromkeys(["train//loss", "/x/./y", "good"], np.array([0, 1]))}))
+    logger.finish(state)
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "names")["names"].info.run_id
+    assert history(client, run_id, "train/_/loss") == [(0, 0.5), (1, 0.25)]
+    assert history(client, run_id, "_/x/_/y") == [(0, 1.5), (1, 1.25)]
+    assert history(client, run_id, "good") == [(0, 2.5), (1, 2.25)]
+
+
+def test_an_event_without_step_uses_its_other_step_name(tmp_path, monkeypatch):
+    """`val` is logged per epoch only, `loss` per step and epoch, in one batch:
+    each metric's MLflow step is its own step name's."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=epochs")
+    state = logger.init(name="epochs")
+
+    def epoch(w, e):
+        def step(w, i):
+            lox.log({"loss": w}, step=e * 2 + i, epoch=e)
+            return w * 0.5, None
+
+        w = jax.lax.scan(step, w, jnp.arange(2))[0]
+        lox.log({"val": w + 10.0}, epoch=e)
+        return w
+
+    run = jax.jit(logger.spool(epoch, state))
+    w = jnp.float32(1.0)
+    for e in range(3):
+        w = run(w, e)
+    logger.finish(state)
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "epochs")["epochs"].info.run_id
+    assert history(client, run_id, "val") == [(0, 10.25), (1, 10.0625), (2, 10.015625)]
+    assert history(client, run_id, "loss") == [(s, 0.5**s) for s in range(6)]
+    assert history(client, run_id, "epoch") == [(s, float(s // 2)) for s in range(6)]  # at the loss steps
+
+
+def test_close_after_a_backend_error_still_sends_everything(tmp_path, monkeypatch):
+    """An error kept from earlier (logs sent to a finished run) is raised by
+    `close`, after the tracker got everything else."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=close")
+    a, b = logger.init(name="a"), logger.init(name="b")
+    logger.finish(a)
+    step = jax.jit(logger.spool(train, b))
+    w = step(jnp.float32(1.0), 0)
+    logger.spool(train, a)(w, 1)  # too late for run a
+    step(w, 1)
+    with pytest.raises(BackendError, match="arrived after `logger.finish` closed it"):
+        logger.close()
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "close")["b"].info.run_id
+    assert history(client, run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 2)]
+
+
+def test_a_password_in_the_uri_never_shows(tmp_path, monkeypatch, recwarn):
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    spec = f"mlflow:http://alice:s3cretPW@127.0.0.1:{free_port()}?experiment=x"
+    logger = lox.loggers.from_config(spec)
+    state = logger.init(name="secret")
+    logger.spool(train, state)(jnp.float32(1.0), 0)
+    logger.flush(timeout=2)
+    messages = [str(w.message) for w in recwarn]
+    assert any("were not sent within 2 s" in m for m in messages), messages
+    assert not any("s3cretPW" in m for m in messages), messages
+    logger._writer.stop(wait=False)  # nothing to wait for at exit: the server never existed
+    for backend in logger.backends:
+        backend._sender.put(("shutdown", None, None))
+    lox_backends.logger._live_loggers.discard(logger)
+
+    result = subprocess.run([sys.executable, "-m", "lox_backends.cli", "sync", "lox-runs", "--to", spec[: spec.index("?")]],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1 and "could not be synced" in result.stderr, result.stderr
+    assert "s3cretPW" not in result.stdout + result.stderr
+
+
+def test_lox_sync_leaves_a_run_that_a_live_process_is_sending(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = f"mlflow:sqlite:///{tmp_path}/m.db?experiment=live"
+    logger = lox.loggers.from_config(spec)
+    state = logger.init(name="live")
+    logger.spool(train, state)(jnp.float32(1.0), 0)
+    logger.flush()  # the logger's sending thread holds the run now
+    # As if its batch were being sent right now (sent, not yet recorded):
+    (record,) = (tmp_path / "lox-runs").glob("*/_sent-mlflow-*.jsonl")
+    lines = record.read_text().splitlines()
+    record.write_text("\n".join(line for line in lines if '"file"' not in line) + "\n")
+    with pytest.raises(SyncError, match=r"1 run\(s\) could not be synced:\n  .*another process is sending run 'live'"):
+        sync("lox-runs", spec)
+    logger.finish(state)
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    run_id = runs_by_name(client, "live")["live"].info.run_id
+    assert history(client, run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 1)]
+
+
+def test_a_record_line_torn_by_a_crash_spoils_only_itself(tmp_path):
+    record = SentRecord(str(tmp_path), "mlflow", "somewhere")
+    record.add_file("batch-000000-aaaaaaaa.parquet")
+    with open(record.path, "a") as f:
+        f.write('{"file": "batch-000001-bbbb')  # the process died here
+    again = SentRecord(str(tmp_path), "mlflow", "somewhere")
+    again.add_file("batch-000001-bbbbbbbb.parquet")
+    assert SentRecord(str(tmp_path), "mlflow", "somewhere").files == {
+        "batch-000000-aaaaaaaa.parquet", "batch-000001-bbbbbbbb.parquet"
+    }
