@@ -238,9 +238,12 @@ def logger():
     raw_many = jax.jit(jax.vmap(programs.scan_debug_callback(lambda v, s: None)))
     user_one = jax.jit(lox.tap(programs.scan_one_scalar, lambda event: None))
     user_many = jax.jit(jax.vmap(lox.tap(programs.scan_one_scalar, lambda event: None)))
+    batched_one = jax.jit(lox.tap(programs.scan_one_scalar, lambda event, took: None, batched=True))
+    batched_many = jax.jit(jax.vmap(lox.tap(programs.scan_one_scalar, lambda event, took: None, batched=True)))
     candidates = {"1": (tap_one, one, xs), "64": (tap_many, many, xs_many), "none1": (none_one, xs),
                   "none64": (none_many, xs_many), "raw1": (raw_one, xs), "raw64": (raw_many, xs_many),
-                  "user1": (user_one, xs), "user64": (user_many, xs_many)}
+                  "user1": (user_one, xs), "user64": (user_many, xs_many),
+                  "batched1": (batched_one, xs), "batched64": (batched_many, xs_many)}
     # The cost to the training loop: until the program has run and handed every
     # event to the logger; the logger's writer thread is drained between
     # repetitions, outside the timing, and its own throughput reported below.
@@ -263,6 +266,9 @@ def logger():
         row("lox.tap (a callback per element), 1 seed, per event", f"{per('user1', 'none1') * 1e6:.1f} us")
         row("lox.tap (a callback per element), 64 seeds, per event", f"{per('user64', 'none64') * 1e6:.1f} us",
             per("user64", "none64") / per("user1", "none1"))
+        row("lox.tap(batched=True), 1 seed, per event", f"{per('batched1', 'none1') * 1e6:.1f} us")
+        row("lox.tap(batched=True), 64 seeds, per event", f"{per('batched64', 'none64') * 1e6:.1f} us",
+            per("batched64", "none64") / per("batched1", "none1"), "target <= 2")
         row("logger.tap, 1 seed, per event", f"{per('1', 'none1') * 1e6:.1f} us")
         row("logger.tap, 64 seeds under vmap, per event", f"{per('64', 'none64') * 1e6:.1f} us",
             per("64", "none64") / per("1", "none1"), "target <= 2")

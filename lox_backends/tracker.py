@@ -506,6 +506,8 @@ class Scalars:
     values: np.ndarray
     steps: dict[str, np.ndarray]
     primary: str | None
+    codes: np.ndarray | None = None  # keys as positions in `names` (from the table's dictionary)
+    names: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -528,12 +530,17 @@ class Scalars:
 
     def by_key(self) -> dict[str, np.ndarray]:
         """Each key's event positions (in order), keys in order of first appearance."""
-        if not len(self.keys):
-            return {}
-        names, first, inverse = np.unique(self.keys, return_index=True, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        groups = np.split(order, np.cumsum(np.bincount(inverse, minlength=len(names)))[:-1])
-        return {names[g]: groups[g] for g in np.argsort(first)}
+        if self.codes is None:  # not from a dictionary column: number the keys here
+            numbers: dict[str, int] = {}
+            codes = np.fromiter((numbers.setdefault(k, len(numbers)) for k in self.keys), np.int64, len(self.keys))
+            names = list(numbers)
+        else:
+            codes, names = self.codes, self.names
+        order = np.argsort(codes, kind="stable")
+        bounds = np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]
+        groups = dict(zip(names, np.split(order, bounds)))
+        firsts = {name: group[0] for name, group in groups.items() if len(group)}
+        return {name: groups[name] for name in sorted(firsts, key=firsts.get)}
 
 
 def scalars(table: "pa.Table") -> Scalars:
@@ -558,23 +565,28 @@ def scalars(table: "pa.Table") -> Scalars:
                 keep[i] = False
     names = [c for c in table.column_names if c not in ARROW_COLUMNS]
     steps = {n: rows.column(n).fill_null(NO_STEP).to_numpy(zero_copy_only=False).astype(np.int64)[keep] for n in names}
-    keys = _strings(rows.column("key"))[keep]
+    codes, key_names = _codes(rows.column("key"))
+    codes = codes[keep]
+    keys = np.asarray(key_names, object)[codes] if key_names else np.empty(0, object)
     primary = "step" if "step" in names else (names[0] if names else None)
-    return Scalars(keys, values[keep], steps, primary)
+    return Scalars(keys, values[keep], steps, primary, codes, key_names)
 
 
-def _strings(column) -> np.ndarray:
-    """A string column as an object array; a dictionary column without making
-    a Python string per row."""
+def _codes(column) -> tuple[np.ndarray, list[str]]:
+    """A string column as positions in a list of its distinct strings (no
+    Python string per row: lox's key column is a dictionary)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    if pa.types.is_dictionary(column.type):
-        parts = [
-            np.asarray(chunk.dictionary.to_pylist() + [None], object)[chunk.indices.fill_null(-1).to_numpy()]
-            for chunk in column.chunks
-        ]
-        return np.concatenate(parts) if parts else np.empty(0, object)
-    return np.asarray(column.to_pylist(), object)
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    # One dictionary for all chunks: pyarrow's own unification.
+    chunks = pa.table({"k": column}).unify_dictionaries().column("k").chunks
+    if not chunks:
+        return np.empty(0, np.int64), []
+    names = chunks[0].dictionary.to_pylist()
+    codes = np.concatenate([chunk.indices.to_numpy(zero_copy_only=False) for chunk in chunks]).astype(np.int64)
+    return codes, names
 
 
 def arrays(table: "pa.Table") -> "pa.Table":

@@ -37,20 +37,21 @@ class TapHandler(Handler):
     guards_branches = True
     name = "lox.tap"
 
-    def __init__(self, selection, callback: Callable, prefix: str, with_context: bool = False):
+    def __init__(self, selection, callback: Callable, prefix: str, with_context: bool = False, batched: bool = False):
         self.selection = selection
         self.callback = callback
         self.prefix = prefix
         self.with_context = with_context
+        self.batched = batched
 
     def on_log(self, site, values, steps, active):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
-        callback, prefix, with_context = self.callback, self.prefix, self.with_context
+        callback, prefix, with_context, batched = self.callback, self.prefix, self.with_context, self.batched
 
         def deliver(batch_ndim, taken, vals, stps, context):
-            if batch_ndim == 0 and not with_context:
+            if batch_ndim == 0 and not (with_context or batched):
                 # One event, the common case: nothing to route, nothing to split. (A
                 # batched event of `tap(vmap(f))` in a while loop whose predicate is
                 # batched goes out while any element runs.)
@@ -63,13 +64,20 @@ class TapHandler(Handler):
                 return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
-            took = np.ones(batch_shape, bool) if taken is None else np.reshape(taken, batch_shape)
-            if with_context:
+            if taken is None:
+                took = np.ones(batch_shape, bool)
+            else:  # a mask over inner vmap axes too (tap of a vmapped while loop): any element of them
+                taken = np.asarray(taken)
+                took = taken.reshape(batch_shape) if taken.size == np.prod(batch_shape) else taken.reshape(*batch_shape, -1).any(-1)
+            if with_context or batched:
                 # The batched event (batch axes, then the event axis) in one call.
                 # Copies (np.array): the callee may keep them, and XLA may reuse its buffers.
                 data = {prefix + k: jax.tree_util.tree_map(lambda x: np.expand_dims(np.array(x), batch_ndim), v) for k, v in zip(keys, vals)}
                 per_name = {n: dict.fromkeys(data, np.expand_dims(np.array(s), batch_ndim)) for n, s in zip(names, stps)}
-                callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
+                if batched:
+                    callback(logdict._trusted(data, per_name), took)
+                else:
+                    callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
                 return
             # Under vmap one host call carries the whole batch, delivered as one
             # event per element: views with the event axis, sliced per element.
@@ -107,6 +115,7 @@ def tap(
     argnames: Iterable[str] | None = None,
     tags: Iterable[str] | None = None,
     prefix: str = "",
+    batched: bool = False,
     static_argnums=(),
     static_argnames=(),
 ) -> Callable:
@@ -117,6 +126,16 @@ def tap(
     tapped events gives the spooled logs), in execution order. The default
     callback prints the event. `argnames`, `tags` and `prefix` work as in
     `lox.spool`; unselected events stay in the function.
+
+    Under `jax.vmap` (``jax.vmap(lox.tap(f, callback))``) one host call
+    carries the event of every element, and `callback` is called once per
+    element with that element's event. With ``batched=True`` it is called once
+    per event instead, as ``callback(event, took)``: the arrays of `event`
+    have the vmap axes in front of the event axis, and the boolean array
+    `took` (the vmap axes' shape; ``()`` outside vmap) says which elements
+    logged it (inside a `cond` with a batched predicate, those that took the
+    branch; the other elements' values are meaningless). That costs one
+    callback per event however many elements there are.
 
     The tapped function is jitted. Called with concrete arrays, it returns only
     after every callback has run; inside an enclosing `jax.jit`, call
@@ -132,8 +151,14 @@ def tap(
     >>> out = lox.tap(f, events.append)(jnp.arange(3))
     >>> [e["c"].tolist() for e in events]
     [[0], [1], [3]]
+    >>> batches = []
+    >>> out = jax.vmap(lox.tap(f, lambda event, took: batches.append(event), batched=True))(jnp.ones((2, 3), int))
+    >>> [b["c"].tolist() for b in batches]
+    [[[1], [1]], [[2], [2]], [[3], [3]]]
     """
-    handler = TapHandler(selection(argnames, tags), callback or print_event, prefix)
+    if batched and callback is None:
+        raise TypeError("`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events.")
+    handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched)
 
     def make_impl(get_fun):
         def tapped(*args, **kwargs):
@@ -141,7 +166,7 @@ def tap(
 
         return tapped
 
-    config = ("tap", handler.selection, callback, prefix)
+    config = ("tap", handler.selection, callback, prefix, batched)
     compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
 
     def call(*args, **kwargs):

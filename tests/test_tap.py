@@ -195,3 +195,44 @@ def test_tap_and_nolog_of_a_vmapped_while_loop_with_a_batched_predicate():
     np.testing.assert_allclose(lox.tap(jax.vmap(_doubling_while), events.append)(xs, ns), [2.0, 80.0])
     np.testing.assert_allclose(lox.nolog(jax.vmap(_doubling_while))(xs, ns), [2.0, 80.0])
     assert len(events) == 3  # one batched event per iteration of the batched loop
+
+
+def test_batched_tap_under_vmap_is_one_callback_per_event_holding_every_element():
+    """`batched=True`: the per-element events of the default delivery, stacked
+    along the vmap axis, in one call per event."""
+    xs = jnp.stack([jnp.arange(8.0), jnp.arange(8.0) + 1.0], axis=1)
+    single, batched = [], []
+    jax.vmap(lox.tap(program, single.append))(xs)
+    jax.vmap(lox.tap(program, lambda event, took: batched.append((event, took)), batched=True))(xs)
+    jax.effects_barrier()
+    assert len(batched) == 6 and len(single) == 6 * 8  # program logs 6 events
+    for n, (event, took) in enumerate(batched):
+        assert took.shape == (8,) and took.all()
+        per_element = single[n * 8 : (n + 1) * 8]
+        for key in event:
+            for leaves in zip(jax.tree_util.tree_leaves(event[key]), *(jax.tree_util.tree_leaves(e[key]) for e in per_element)):
+                np.testing.assert_array_equal(leaves[0], np.stack(leaves[1:]))
+            for name in event.step_names(key):
+                np.testing.assert_array_equal(event.steps[name][key], np.stack([e.steps[name][key] for e in per_element]))
+
+
+def test_batched_tap_says_which_elements_took_the_branch():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: (lox.log({"pos": x}), x)[1], lambda x: (lox.log({"neg": x}), x)[1], x)
+
+    got = {}
+    xs = jnp.array([-1.0, 2.0, -3.0, 4.0])
+    jax.vmap(lox.tap(f, lambda event, took: got.update({k: (event[k][:, 0], took) for k in event}), batched=True))(xs)
+    jax.effects_barrier()
+    np.testing.assert_array_equal(got["pos"][1], [False, True, False, True])
+    np.testing.assert_array_equal(got["neg"][1], [True, False, True, False])
+    np.testing.assert_array_equal(got["pos"][0][got["pos"][1]], [2.0, 4.0])  # the elements that took it
+
+
+def test_batched_tap_without_vmap_and_its_errors():
+    events = []
+    lox.tap(program, lambda event, took: events.append((event, took)), batched=True)(jnp.arange(3.0))
+    assert all(took.shape == () and took for _, took in events)
+    assert_logs_equal(concat([e for e, _ in events]), lox.spool(program)(jnp.arange(3.0))[1])
+    with pytest.raises(TypeError, match=r"`lox.tap\(f, batched=True\)` needs a callback that takes \(event, took\)"):
+        lox.tap(program, batched=True)
