@@ -21,6 +21,9 @@ event of a key: ``run``, ``key``, one int64 column per step name, ``value``,
 eight random hex digits keep two writers apart that would otherwise pick the
 same name. Keys are data inside the tables and never become file names.
 
+Each file's schema metadata also holds ``lox.time_ms``, when it was written
+(Unix milliseconds): the timestamp trackers give its values (lox_backends.tracker).
+
 Every file is written under a hidden name (starting with ``.``) and renamed into
 place, so a reader never sees a partial file: reading a run while it is being
 written, or after its writer was killed, shows whole flushes only. `flush` (and
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
 DEFAULT_DIR = "lox-runs"
 RUN_FILE = "_run.json"
 DEFAULT_ROWS_PER_FILE = 262_144  # batches are kept until a flush, or until this many rows wait
+TIME_METADATA = b"lox.time_ms"  # when a batch file was written (Unix ms): the time trackers give its values
 _BATCH = re.compile(r"batch-(\d+)-([0-9a-f]{8})\.parquet")
 
 
@@ -220,7 +224,7 @@ class ParquetBackend(hooks.Backend):
 
         # When the batch was written: the timestamp trackers give its values,
         # the same each time it is sent.
-        metadata = {**(table.schema.metadata or {}), b"lox.time_ms": str(int(time.time() * 1000)).encode()}
+        metadata = {**(table.schema.metadata or {}), TIME_METADATA: str(int(time.time() * 1000)).encode()}
         table = table.replace_schema_metadata(metadata)
         name = f"batch-{state.next_seq:06d}-{secrets.token_hex(4)}.parquet"
         state.next_seq += 1

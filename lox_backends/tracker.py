@@ -38,7 +38,7 @@ import numpy as np
 
 from lox_backends import hooks
 from lox_backends.config import mask_secrets
-from lox_backends.parquet import DEFAULT_DIR, ParquetBackend
+from lox_backends.parquet import DEFAULT_DIR, TIME_METADATA, ParquetBackend
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 COMMON_OPTIONS = {"local": "folder of the local log that is sent from (default lox-runs)"}
 RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
 RETRY_MAX = 30.0
-TIME_METADATA = b"lox.time_ms"  # when the local log wrote a batch file (the trackers' timestamp)
 
 
 class TrackerBackend(hooks.Backend):
@@ -67,7 +66,9 @@ class TrackerBackend(hooks.Backend):
       rows of one run, ordered by step) with the tracker's batch API.
     * `end_run(run, remote)`: the run finished. `shutdown()`: no more runs.
 
-    Raise on failure: lox retries the call with backoff.
+    Raise on failure: lox retries the call with backoff when `transient`
+    says the error may pass, and otherwise reports it once and skips the batch
+    (raise `Unsendable` to say so outright).
 
     A tracker whose client buffers what `send` hands it and writes it only when
     the run ends (W&B offline) sets `confirms_at_end`: a run's batch files are
@@ -202,9 +203,9 @@ class TrackerBackend(hooks.Backend):
     def sent_record(self, folder: str) -> "SentRecord":
         return SentRecord(folder, self.tracker, self.destination())
 
-    def _open(self, run: hooks.RunInfo, folder: str, lock: bool = True) -> tuple[SentRecord, dict]:
+    def _open(self, run: hooks.RunInfo, folder: str) -> tuple[SentRecord, dict]:
         record = self.sent_record(folder)
-        if lock and not record.lock():
+        if not record.lock():
             raise Unsendable(
                 f"another process is sending run {run.name!r} to this destination now (it holds {record.lock_path}); "
                 "lox sync leaves live runs to it"
