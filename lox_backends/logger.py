@@ -586,18 +586,15 @@ class Logger:
         _live_loggers.discard(self)
         jax.effects_barrier()
         deadline = self._deadline(timeout)
+        stuck = False
         try:
             self._writer.run_and_wait([self._flush_all, lambda: self._each_backend(lambda b: b.close())], _left(deadline))
         except TimeoutError:
-            self._writer.stop(wait=False)  # stuck in a backend: do not wait for it
-            self._wait_backends(deadline)
+            stuck = True  # in a backend: do not wait for the writer
             raise
-        except BaseException:  # an earlier backend error: the others still get everything
-            self._writer.stop()
+        finally:  # also after an earlier backend error: the trackers still send everything
+            self._writer.stop(wait=not stuck)
             self._wait_backends(deadline)
-            raise
-        self._writer.stop()
-        self._wait_backends(deadline)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -21,7 +21,7 @@ What goes where:
   their x axis. Keys become metric names, with characters MLflow refuses (and
   empty, ``.`` and ``..`` path parts) replaced by ``_``: two keys that differ
   only there become one metric.
-* Array-valued events go to the run's artifacts as Parquet files,
+* Array-valued events (and complex scalars) go to the run's artifacts as Parquet files,
   ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
   folder of them; so do pandas and DuckDB).
 * A run ends ``FINISHED`` when ``logger.finish`` closes it.

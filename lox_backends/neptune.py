@@ -59,7 +59,7 @@ import warnings
 import numpy as np
 
 from lox_backends import hooks
-from lox_backends.tracker import Batch, TrackerBackend, scalars
+from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
 
 MODES = ("offline", "async", "sync")
 MAX_CUSTOM_RUN_ID = 36  # longer ids are ignored by the Neptune client
@@ -194,7 +194,7 @@ class NeptuneBackend(TrackerBackend):
                 if rows.size:
                     values = events.steps[name][rows].astype(np.float64)
                     self._extend(neptune_run, run, "steps/" + _path(name), x[rows], values, timestamp, last, sent)
-            others = _non_scalars(batch.table)
+            others = arrays(batch.table)
             if others.num_rows:
                 import pyarrow.parquet as pq
 
@@ -301,16 +301,6 @@ def _config(metadata: dict) -> dict:
             value = json.dumps(value, default=str)
         out[key] = value
     return out
-
-
-def _non_scalars(table):
-    """The rows `scalars` leaves out: arrays, and complex scalars."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    dtype = table.column("dtype").cast(pa.string())
-    keep = pc.or_(pc.greater(pc.list_value_length(table.column("shape")), 0), pc.starts_with(dtype, "complex"))
-    return table.filter(keep)
 
 
 # --- Neptune's console lines ------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lox_backends import hooks
-from lox_backends.config import mask_secrets
+from lox_backends.config import BackendConfig, mask_secrets
 from lox_backends.parquet import DEFAULT_DIR, TIME_METADATA, ParquetBackend
 
 if TYPE_CHECKING:
@@ -136,12 +136,9 @@ class TrackerBackend(hooks.Backend):
         log.on_durable.append(self._durable)
 
     def spec(self) -> str:
-        """This backend's config string, secrets masked (for messages)."""
+        """This backend's config string, without `local`, secrets masked (for messages)."""
         options = {k: v for k, v in self.options.items() if k != "local"}
-        text = self.tracker + (f":{self.target}" if self.target else "")
-        if options:
-            text += "?" + "&".join(f"{k}={v}" for k, v in options.items())
-        return mask_secrets(text)
+        return mask_secrets(str(BackendConfig(self.tracker, self.target or None, options)))
 
     # --- the backend contract ----------------------------------------------------------
     def open_run(self, run: hooks.RunInfo) -> None:
@@ -591,11 +588,15 @@ def _codes(column) -> tuple[np.ndarray, list[str]]:
 
 
 def arrays(table: "pa.Table") -> "pa.Table":
-    """The rows of `table` whose events are arrays (read them with
-    `lox.logdict.from_arrow`); trackers keep them as files, histograms..."""
+    """The rows of `table` that `scalars` leaves out: array-valued events, and
+    complex scalars (read them with `lox.logdict.from_arrow`); trackers keep
+    them as files, histograms..."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    return table.filter(pc.greater(pc.list_value_length(table.column("shape")), 0))
+    dtype = table.column("dtype").cast(pa.string())
+    return table.filter(pc.or_(pc.greater(pc.list_value_length(table.column("shape")), 0),
+                               pc.starts_with(dtype, "complex")))
 
 
 def local_runs(path: str) -> list[str]:

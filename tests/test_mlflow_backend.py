@@ -473,3 +473,21 @@ def test_a_record_line_torn_by_a_crash_spoils_only_itself(tmp_path):
     assert SentRecord(str(tmp_path), "mlflow", "somewhere").files == {
         "batch-000000-aaaaaaaa.parquet", "batch-000001-bbbbbbbb.parquet"
     }
+
+
+def test_complex_scalars_go_to_the_artifacts_with_the_arrays(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=complex")
+    state = logger.init(name="complex")
+    z = np.array([1 + 2j, 3 - 4j], np.complex64)
+    logger.log(state, lox.logdict({"z": z, "x": np.array([0.5, 0.25])},
+                                  {"step": {"z": np.array([0, 1]), "x": np.array([0, 1])}}))
+    logger.finish(state)
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "complex")["complex"].info.run_id
+    assert history(client, run_id, "x") == [(0, 0.5), (1, 0.25)]
+    folder = client.download_artifacts(run_id, "lox", str(tmp_path / "artifacts"))
+    (path,) = pathlib.Path(folder).glob("*.parquet")
+    back = from_arrow(pq.read_table(path))
+    assert list(back) == ["z"] and back["z"].tolist() == z.tolist() and back.step["z"].tolist() == [0, 1]
