@@ -153,6 +153,131 @@ def tap():
     row("lox.tap, per event", f"{per('tap') * 1e6:.1f} us", per("tap") / per("hand"), "target <= 1")
 
 
+def buffer():
+    for title, logged, by_hand in (
+        ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged, programs.scan_buffered_by_hand),
+        ("a 10,000-step scan of a 256-unit recurrent cell (~10 us per step)", programs.rnn_logged, programs.rnn_buffered_by_hand),
+    ):
+        _buffer(title, logged, by_hand)
+
+
+def _buffer(title, logged, by_hand):
+    print(f"Buffered tap: {title}, a scalar and a 64-vector per step to a callback")
+    xs = jnp.linspace(0.0, 1.0, programs.STEPS)
+    received = [0]
+
+    def count_block(block):  # what a sink does at least: look at what it got
+        received[0] += block["loss"].shape[0]
+
+    def count_raw(*values):
+        received[0] += 1
+
+    def count_hand_buffer(loss, h, step, count):
+        received[0] += int(count)
+
+    def raw(xs):  # the hand-written per-event callback: `logged` with jax.debug.callback for lox.log
+        def log(data, step):
+            jax.debug.callback(count_raw, *data.values(), step, ordered=True)
+
+        original, lox.log = lox.log, log
+        try:
+            return jax.make_jaxpr(logged)(xs)
+        finally:
+            lox.log = original
+
+    raw_jaxpr = raw(xs)
+    candidates = {
+        "none": jax.jit(lox.nolog(logged)),
+        "spool": lox.spool(logged),
+        "raw": jax.jit(lambda xs: jax.core.eval_jaxpr(raw_jaxpr.jaxpr, raw_jaxpr.consts, xs)),
+        "tap": lox.tap(logged, count_block),
+        "hand100": jax.jit(by_hand(count_hand_buffer, 100)),
+    }
+    sizes = (10, 100, 1000)
+    for size in sizes:
+        candidates[f"buffer{size}"] = lox.tap(logged, count_block, buffer=size)
+
+    def run(f):
+        block(f(xs))
+        jax.effects_barrier()
+
+    for name, f in candidates.items():
+        received[0] = 0
+        run(f)
+        assert name in ("none", "spool") or received[0] == programs.STEPS, (name, received[0])
+    t = side_by_side({name: (lambda f=f: run(f)) for name, f in candidates.items()}, reps=3, rounds=7)
+    base = t["none"]
+    row("no logging (lox.nolog)", f"{base * 1e3:.2f} ms")
+    row("lox.spool (values kept on device)", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / base)
+    row("raw jax.debug.callback per event", f"{t['raw'] * 1e3:.2f} ms", t["raw"] / base)
+    row("lox.tap per event", f"{t['tap'] * 1e3:.2f} ms", t["tap"] / base)
+    row("hand-written buffer of 100 + debug.callback", f"{t['hand100'] * 1e3:.2f} ms", t["hand100"] / base)
+    for size in sizes:
+        name = f"buffer{size}"
+        target = "target <= 1.1" if size == 100 else ""
+        row(f"lox.tap(buffer={size})", f"{t[name] * 1e3:.2f} ms", t[name] / base, target)
+    row("lox.tap(buffer=100) / hand-written buffer of 100", "", t["buffer100"] / t["hand100"])
+
+
+def devices():
+    print("Several devices: tap of the `steady` scan (1,000 steps) on 8 CPU devices, per event")
+    if jax.device_count() < 8:
+        # The device count is fixed when JAX starts: measure in a process of its own.
+        import os
+        import subprocess
+
+        flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        out = subprocess.run([sys.executable, "-m", "benchmarks", "devices"], env={**os.environ, "XLA_FLAGS": flags},
+                             capture_output=True, text=True, check=True).stdout
+        print("\n".join(out.splitlines()[2:]))  # without the header lines printed above
+        return
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    steps = 1_000
+    xs = jax.device_put(jnp.linspace(0.0, 1.0, steps * 8).reshape(steps, 8), NamedSharding(mesh, P(None, "d")))
+    received = [0]
+
+    def on_event(*args):
+        received[0] += 1
+
+    def sharded(xs):  # each step mixes the 8 shards of its row into the scalar the scan carries
+        def body(carry, ix):
+            i, x = ix
+            carry, loss = programs._step(carry, jnp.mean(x))
+            lox.log({"loss": loss, "h": carry[1]}, step=i)
+            return carry, None
+
+        return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(steps), xs))[0]
+
+    def raw(xs):  # unordered: an ordered callback is refused on 8 devices
+        def body(carry, ix):
+            i, x = ix
+            carry, loss = programs._step(carry, jnp.mean(x))
+            jax.debug.callback(on_event, loss, carry[1], i, ordered=False)
+            return carry, None
+
+        return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(steps), xs))[0]
+
+    candidates = {"none": jax.jit(lox.nolog(sharded)), "spool": lox.spool(sharded), "raw": jax.jit(raw),
+                  "tap": lox.tap(sharded, on_event), "buffer100": lox.tap(sharded, on_event, buffer=100)}
+
+    def run(f):
+        block(f(xs))
+        jax.effects_barrier()
+
+    for f in candidates.values():
+        run(f)
+    t = side_by_side({name: (lambda f=f: run(f)) for name, f in candidates.items()}, reps=3, rounds=7)
+    per = lambda k: (t[k] - t["none"]) / steps  # noqa: E731
+    row("no logging", f"{t['none'] * 1e3:.2f} ms")
+    row("lox.spool", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / t["none"])
+    row("raw jax.debug.callback (unordered), per event", f"{per('raw') * 1e6:.1f} us")
+    row("lox.tap (ordered by data), per event", f"{per('tap') * 1e6:.1f} us", per("tap") / per("raw"), "vs raw")
+    row("lox.tap(buffer=100), whole loop", f"{t['buffer100'] * 1e3:.2f} ms", t["buffer100"] / t["none"], "vs none")
+
+
 def arrow():
     print("Arrow: 1,000,000 scalar float32 events (4 keys x 250,000, with a step) written to a Parquet file")
     import os  # here, so that the other sections run without pyarrow
@@ -289,7 +414,7 @@ def trackers():
 
 
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "tap": tap,
-            "arrow": arrow, "logger": logger, "trackers": trackers}
+            "buffer": buffer, "devices": devices, "arrow": arrow, "logger": logger, "trackers": trackers}
 
 
 def main(argv: list[str]) -> None:

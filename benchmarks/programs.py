@@ -37,6 +37,85 @@ def scan_by_hand(xs):
     return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(xs.shape[0]), xs))
 
 
+HIDDEN = 256
+W_RNN = jax.random.normal(jax.random.key(0), (HIDDEN, HIDDEN)) / HIDDEN**0.5
+
+
+def rnn_logged(xs):
+    """A heavier step (a 256-unit recurrent cell, ~10 us on a CPU core) logging
+    its loss and a 64-value slice of the state: the scale of a small model's step."""
+
+    def body(h, ix):
+        i, x = ix
+        h = jnp.tanh(W_RNN @ h + x)
+        lox.log({"loss": jnp.mean(h**2), "h": h[:64]}, step=i)
+        return h, None
+
+    return jax.lax.scan(body, jnp.zeros(HIDDEN), (jnp.arange(xs.shape[0]), xs))[0]
+
+
+def rnn_buffered_by_hand(callback, size):
+    """`rnn_logged` buffering by hand, as `scan_buffered_by_hand`."""
+
+    def f(xs):
+        def body(carry, ix):
+            h, buf, count = carry
+            i, x = ix
+            h = jnp.tanh(W_RNN @ h + x)
+            buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (jnp.mean(h**2), h[:64], i)))
+            count = count + 1
+            count = jax.lax.cond(count == size, lambda: (jax.debug.callback(callback, *buf, count, ordered=True), 0)[1], lambda: count)
+            return (h, buf, count), None
+
+        empty = (jnp.zeros(size), jnp.zeros((size, 64)), jnp.zeros(size, jnp.int32))
+        (h, buf, count), _ = jax.lax.scan(body, (jnp.zeros(HIDDEN), empty, 0), (jnp.arange(xs.shape[0]), xs))
+        jax.lax.cond(count > 0, lambda: jax.debug.callback(callback, *buf, count, ordered=True), lambda: None)
+        return h
+
+    return f
+
+
+def scan_logged_callback(callback):
+    """`scan_logged` with a hand-written `jax.debug.callback` per step, handing
+    the same values and step to `callback` (which raw JAX must order)."""
+
+    def f(xs):
+        def body(carry, ix):
+            i, x = ix
+            carry, loss = _step(carry, x)
+            jax.debug.callback(callback, loss, carry[1], i, ordered=True)
+            return carry, None
+
+        return jax.lax.scan(body, (0.0, jnp.zeros(64)), (jnp.arange(xs.shape[0]), xs))[0]
+
+    return f
+
+
+def scan_buffered_by_hand(callback, size):
+    """`scan_logged` buffering by hand: the carry holds `size` steps of values,
+    sent with one `jax.debug.callback` when full, and the rest after the loop."""
+
+    def send(buf, count):
+        jax.debug.callback(callback, *buf, count, ordered=True)
+
+    def f(xs):
+        def body(carry, ix):
+            (state, buf, count) = carry
+            i, x = ix
+            state, loss = _step(state, x)
+            buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (loss, state[1], i)))
+            count = count + 1
+            count = jax.lax.cond(count == size, lambda: (send(buf, count), 0)[1], lambda: count)
+            return (state, buf, count), None
+
+        empty = (jnp.zeros(size), jnp.zeros((size, 64)), jnp.zeros(size, jnp.int32))
+        (state, buf, count), _ = jax.lax.scan(body, ((0.0, jnp.zeros(64)), empty, 0), (jnp.arange(xs.shape[0]), xs))
+        jax.lax.cond(count > 0, lambda: send(buf, count), lambda: None)
+        return state
+
+    return f
+
+
 W = jnp.eye(64) * 0.5 + 0.01
 
 

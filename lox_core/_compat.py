@@ -210,12 +210,33 @@ def custom_call_params(params) -> CustomCallParams:
     return CustomCallParams(params["call_jaxpr"], params["num_consts"])
 
 
+class ShardMapParams(NamedTuple):
+    jaxpr: ClosedJaxpr
+    mesh: Any
+    in_specs: tuple
+    out_specs: tuple
+    check_vma: bool
+    manual_axes: frozenset
+
+
+def shard_map_params(params) -> ShardMapParams:
+    # `manual_axes` became `newly_manual_axes` in JAX 0.10.
+    manual = params["newly_manual_axes"] if "newly_manual_axes" in params else params["manual_axes"]
+    jaxpr = params["jaxpr"]
+    if isinstance(jaxpr, Jaxpr):
+        jaxpr = ClosedJaxpr(jaxpr, ())
+    return ShardMapParams(
+        jaxpr, params["mesh"], tuple(params["in_specs"]), tuple(params["out_specs"]), params["check_vma"], frozenset(manual)
+    )
+
+
 # Primitive names differ between releases (`pjit` became `jit`, `remat2` is
 # `checkpoint` in the public API); these are all the spellings lox handles.
 JIT_NAMES = frozenset({"jit", "pjit", "closed_call"})
 REMAT_NAMES = frozenset({"remat2", "checkpoint", "remat"})
 CUSTOM_JVP_NAMES = frozenset({"custom_jvp_call"})
 CUSTOM_VJP_NAMES = frozenset({"custom_vjp_call"})
+SHARD_MAP_NAMES = frozenset({"shard_map"})
 
 
 # --- batching ---------------------------------------------------------------------
@@ -250,3 +271,34 @@ def batching_cond_into_select() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# --- host callbacks with a result -----------------------------------------------
+from jax._src import callback as _callback  # noqa: E402
+
+
+def lower_callback_with_results(ctx, fun, args):
+    """Lower an unordered host call with side effects that returns
+    `ctx.avals_out` (NumPy arrays from `fun(*numpy_args)`), placed as
+    `jax.experimental.io_callback` places its calls (once on the first device
+    of a sharded program, per device in a shard_map) but without io_callback's
+    copy of every argument into a device array, which costs more than the call."""
+    sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = _callback.emit_python_callback(
+        ctx, fun, None, list(args), ctx.avals_in, ctx.avals_out, has_side_effect=True, returns_token=False,
+        sharding=sharding,
+    )
+    return results
+
+
+def tangent_aval(x):
+    """The abstract value of `x`'s tangent (float0 for integers)."""
+    return jax.typeof(x).to_tangent_aval()
+
+
+def varying_in_manual_axes(x):
+    """`x` typed as varying over the manual axes of the enclosing `shard_map`
+    (if any), so that a loop may carry it while values that differ per device
+    are written into it."""
+    axes = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+    return jax.lax.pcast(x, axes, to="varying") if axes else x

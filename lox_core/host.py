@@ -4,6 +4,13 @@
 seeds cost 64 calls). `host_call` binds a primitive whose batching rule keeps
 the batch instead: the callback runs once, with every argument carrying the
 batch axes in front, and learns how many there are.
+
+Host calls can be put in order two ways. An ordered effect (like
+``jax.debug.callback(..., ordered=True)``) threads XLA's token, which JAX
+refuses for programs on more than one device. A *chained* call takes an
+integer token and returns the next one, so the next call, which takes that
+token, runs after it: order by data dependency, which any number of devices
+allows (`lox.tap` chains its calls). The token counts the calls that ran.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ class _Callback:
         self.fun(batch_ndim, *args)
 
 
-def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True) -> None:
+def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True, token=None):
     """Call ``callback(batch_ndim, *args)`` on the host with NumPy arrays.
 
     Outside `vmap` `batch_ndim` is 0. Under `vmap` (nested or not) the callback
@@ -43,6 +50,10 @@ def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, g
     ordered=True)``. Inside a `cond` that vmap turns into a select, both
     branches run for every element: a caller that passes no mask of the branch
     taken among its arguments says ``guarded=False``, and then gets an error there.
+
+    With an int32 `token` the call is chained instead of ordered: it runs after
+    the call that returned `token`, and returns the token for the next call
+    (``token + 1``; under vmap, with the batch axes).
 
     >>> import jax, jax.numpy as jnp
     >>> seen = []
@@ -55,29 +66,55 @@ def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, g
     """
     leaves, tree = jax.tree_util.tree_flatten(args)
     leaves = [x if isinstance(x, (jax.Array, jax.core.Tracer)) else jax.numpy.asarray(x) for x in leaves]
-    host_call_p.bind(*leaves, callback=_Callback(callback, tree), batch_ndim=0, ordered=bool(ordered), guarded=bool(guarded))
+    chained = token is not None
+    if chained:
+        leaves.insert(0, jax.numpy.asarray(token, jax.numpy.int32))
+    outs = host_call_p.bind(
+        *leaves, callback=_Callback(callback, tree), batch_ndim=0, ordered=bool(ordered) and not chained,
+        guarded=bool(guarded), chained=chained,
+    )
+    return outs[0] if chained else None
 
 
 @host_call_p.def_effectful_abstract_eval
-def _abstract_eval(*avals, callback, batch_ndim, ordered, guarded):
-    return [], {_compat.ordered_debug_effect if ordered else _compat.debug_effect}
+def _abstract_eval(*avals, callback, batch_ndim, ordered, guarded, chained):
+    return avals[:1] if chained else [], {_compat.ordered_debug_effect if ordered else _compat.debug_effect}
 
 
-@host_call_p.def_impl
-def _impl(*args, callback, batch_ndim, ordered, guarded):
+def _run(callback, batch_ndim, chained, args):
+    if chained:
+        token, *args = args
+        callback(batch_ndim, *args)
+        return [np.asarray(token) + np.int32(1)]
     callback(batch_ndim, *args)
     return []
 
 
-def _lowering(*args, callback, batch_ndim, ordered, guarded):
+@host_call_p.def_impl
+def _impl(*args, callback, batch_ndim, ordered, guarded, chained):
+    return _run(callback, batch_ndim, chained, args)
+
+
+def _debug_lowering(*args, callback, batch_ndim, ordered, guarded, chained):
     jax.debug.callback(lambda *a: callback(batch_ndim, *a), *args, ordered=ordered)
     return []
 
 
-mlir.register_lowering(host_call_p, mlir.lower_fun(_lowering, multiple_results=True))
+def _lowering(ctx, *args, callback, batch_ndim, ordered, guarded, chained):
+    if chained:
+        # An unordered callback with a result: XLA keeps it (it has effects)
+        # and runs it before whatever consumes the token it returns.
+        run = lambda *a: tuple(_run(callback, batch_ndim, True, a))  # noqa: E731
+        return _compat.lower_callback_with_results(ctx, run, args)
+    lower = mlir.lower_fun(_debug_lowering, multiple_results=True)
+    return lower(ctx, *args, callback=callback, batch_ndim=batch_ndim, ordered=ordered, guarded=guarded, chained=chained)
 
 
-def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded):
+# Not cached: like io_callback's, each call site holds its own Python callback.
+mlir.register_lowering(host_call_p, _lowering, cacheable=False)
+
+
+def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded, chained):
     if not guarded and _compat.batching_cond_into_select():
         raise ValueError(
             "a lox logger call (`logger.log`) sits in a `jax.lax.cond` whose predicate is batched by `jax.vmap`: "
@@ -89,7 +126,10 @@ def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded):
         jax.numpy.broadcast_to(x, (axis_size, *x.shape)) if d is None else jax.numpy.moveaxis(x, d, 0)
         for x, d in zip(args, dims)
     ]
-    host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded)
+    if chained:  # the token is not one of the callback's arguments: no batch axis to tell it about
+        outs = host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded, chained=True)
+        return outs, [0]
+    host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded, chained=False)
     return [], []
 
 
@@ -98,7 +138,8 @@ _compat.register_batching_rule(host_call_p, _batch)
 
 def _jvp(primals, tangents, **params):
     # Called with primal values only, once (the tangents carry nothing to say).
-    return host_call_p.bind(*primals, **params), []
+    outs = host_call_p.bind(*primals, **params)
+    return outs, [ad.Zero(_compat.tangent_aval(x)) for x in outs]
 
 
 ad.primitive_jvps[host_call_p] = _jvp

@@ -15,6 +15,7 @@ Order: handler → interpreter → per-primitive rules.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import dataclasses
 import weakref
@@ -57,11 +58,69 @@ class Handler:
     keep_logs = False  # whether selected events stay visible to outer transforms
     defers_logs = False  # whether on_log emits nothing, so it may run after later equations
     name = "lox"
+    # Whether the handler threads state of its own through the program: a
+    # pytree of arrays that the rules below pass into and out of every loop,
+    # branch and function that holds selected logs (tap: the token that orders
+    # its host calls, and the buffers of `buffer=K`).
+    carries = False
 
     def on_log(self, site: Site, values: dict, steps: dict, active) -> logdict | None:
         """Handle one event (`values` holds the selected keys only); return the
         logs it contributes to the enclosing program's outputs, if any."""
         raise NotImplementedError
+
+    # --- state, for handlers that carry it ---------------------------------------
+    def session(self, like=None):
+        """A context for one interpretation: fresh state, or a copy of the
+        static parts of `like` (a `snapshot`), for functions JAX may trace
+        after the interpretation ended (custom derivative rules)."""
+        return contextlib.nullcontext()
+
+    def snapshot(self):
+        return None
+
+    def carry(self):
+        """The current state, to pass into a loop, branch or function."""
+        raise NotImplementedError
+
+    def resume(self, carried) -> None:
+        """Go on with the state a loop, branch or function returned."""
+        raise NotImplementedError
+
+    def can_enter_shard_map(self) -> bool:
+        """Whether the state can pass into a shard_map (replicated) as it is."""
+        return True
+
+    def enter_loop(self, jaxpr):
+        """Before a loop whose body is `jaxpr`; returns what `exit_loop` needs."""
+        return None
+
+    def end_iteration(self) -> None:
+        """At the end of each loop iteration."""
+
+    def chunk_length(self, body, length: int) -> int | None:
+        """For a scan the handler just entered: run it in chunks of this many
+        iterations, calling `end_chunk` after each instead of `end_iteration`
+        after every iteration (None: one loop, as it is)."""
+        return None
+
+    def end_chunk(self) -> None:
+        """After each chunk of a scan run in chunks."""
+
+    def exit_loop(self, entered) -> None:
+        """After the loop, with its final state resumed."""
+
+    def enter_cond(self, branches):
+        """Before a cond; returns a plan for `leave_branch` and `exit_cond`."""
+        return None
+
+    def leave_branch(self, plan):
+        """At the end of a branch: the state the branch returns."""
+        return self.carry()
+
+    def exit_cond(self, plan, carried) -> None:
+        """After the cond, with the state its taken branch returned."""
+        self.resume(carried)
 
 
 def describe(logs: logdict) -> str:
@@ -277,14 +336,30 @@ def scan_rule(handler, eqn, invals, active):
     xs = invals[p.num_consts + p.num_carry :]
     body_fun = _interpreted(handler, p.jaxpr, active)
     layout: list = []
+    carries = handler.carries
+    if carries:
+        entered = handler.enter_loop(p.jaxpr)
+        chunk = handler.chunk_length(p.jaxpr, p.length) if entered else None
+        if chunk is not None:
+            carry, ys = _chunked_scan(handler, p, consts, init, xs, body_fun, chunk)
+            handler.exit_loop(entered)
+            return [*carry, *ys], logdict()
+        init = (list(init), handler.carry())
 
     def body(carry, x):
+        if carries:
+            carry, state = carry
+            handler.resume(state)
         token = _expansions.set({})
         try:
             outs, logs = body_fun(*consts, *carry, *x)
             originals = _expansions.get()
         finally:
             _expansions.reset(token)
+        new_carry = outs[: p.num_carry]
+        if carries:
+            handler.end_iteration()
+            new_carry = (new_carry, handler.carry())
         leaves, tree = jax.tree_util.tree_flatten(logs)
         # One event per iteration (the common case) leaves the body without its
         # event axis, exactly like a hand-written `ys`; and an array shared by
@@ -293,9 +368,13 @@ def scan_rule(handler, eqn, invals, active):
         squeeze = [leaf.shape[0] == 1 for leaf in unique]
         layout[:] = [tree, squeeze, where]
         ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
-        return outs[: p.num_carry], (outs[p.num_carry :], ys_logs)
+        return new_carry, (outs[p.num_carry :], ys_logs)
 
     carry, (ys, unique) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
+    if carries:
+        carry, state = carry
+        handler.resume(state)
+        handler.exit_loop(entered)
     tree, squeeze, where = layout
 
     def events_in_order(x, squeezed):
@@ -307,6 +386,44 @@ def scan_rule(handler, eqn, invals, active):
     unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
     leaves = [unique[i] for i in where]
     return [*carry, *ys], jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def _chunked_scan(handler, p, consts, init, xs, body_fun, chunk: int):
+    """A scan as a scan over chunks of `chunk` iterations (and one shorter
+    chunk for the rest), calling `handler.end_chunk()` after each: a handler
+    that sends what a chunk logged then does so without a test in every
+    iteration. Only for handlers that collect nothing (the body's logs are
+    handled inside it)."""
+
+    def body(carry, x):
+        carry, state = carry
+        handler.resume(state)
+        outs, _ = body_fun(*consts, *carry, *x)
+        return (outs[: p.num_carry], handler.carry()), outs[p.num_carry :]
+
+    def run_chunk(carry, xs_chunk, length):
+        carry, ys = jax.lax.scan(body, carry, xs_chunk, length=length, reverse=p.reverse, unroll=p.unroll)
+        handler.resume(carry[1])
+        handler.end_chunk()
+        return (carry[0], handler.carry()), ys
+
+    full, rest = divmod(p.length, chunk)
+    # The iterations of the full chunks, then the rest, in execution order
+    # (a reverse scan runs from the end: its rest is at the front).
+    main_at, rest_at = (slice(rest, None), slice(0, rest)) if p.reverse else (slice(0, full * chunk), slice(full * chunk, None))
+    carry = (list(init), handler.carry())
+    parts = {}
+    if full:
+        chunked_xs = [jnp.reshape(x[main_at], (full, chunk, *x.shape[1:])) for x in xs]
+        carry, ys = jax.lax.scan(lambda c, x: run_chunk(c, x, chunk), carry, chunked_xs, length=full, reverse=p.reverse)
+        parts["main"] = [jnp.reshape(y, (full * chunk, *y.shape[2:])) for y in ys]
+    if rest:
+        carry, parts["rest"] = run_chunk(carry, [x[rest_at] for x in xs], rest)
+    order = ["rest", "main"] if p.reverse else ["main", "rest"]
+    present = [parts[k] for k in order if k in parts]
+    ys = present[0] if len(present) == 1 else [jnp.concatenate(pair) for pair in zip(*present)]
+    handler.resume(carry[1])
+    return carry[0], ys
 
 
 def unique_objects(values: list) -> tuple[list, list[int]]:
@@ -327,9 +444,16 @@ def cond_rule(handler, eqn, invals, active):
     index, *ops = invals
     branches = _compat.cond_branches(eqn.params)
     records = [[] for _ in branches]
+    carries = handler.carries
+    if carries:
+        plan = handler.enter_cond(branches)
+        ops = [handler.carry(), *ops]
 
     def branch(i, closed):
         def fun(*ops):
+            if carries:
+                state, *ops = ops
+                handler.resume(state)
             # Under vmap with a batched index both branches run for every element;
             # `index == i` is then the mask of elements that took this branch (tap
             # uses it; spool's outputs are selected per element by JAX itself).
@@ -338,16 +462,20 @@ def cond_rule(handler, eqn, invals, active):
                 here = index == i
                 guard = here if active is None else jnp.logical_and(active, here)
             outs, logs = _interpreted(handler, closed, guard, records[i])(*ops)
+            if carries:
+                return outs, canonical(logs), handler.leave_branch(plan)
             return outs, canonical(logs)
 
         return fun
 
     try:
-        outs, logs = jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
+        outs, logs, *state = jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
     except TypeError:
         _check_branches_log_alike(records)
         raise
     _check_branches_log_alike(records)
+    if carries:
+        handler.exit_cond(plan, state[0])
     return outs, logs
 
 
@@ -388,21 +516,40 @@ def while_rule(handler, eqn, invals, active):
     cconsts = invals[: p.cond_nconsts]
     bconsts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
     init = invals[p.cond_nconsts + p.body_nconsts :]
+    carries = handler.carries
+    if carries:
+        entered = handler.enter_loop(p.body_jaxpr)
+        state = handler.carry()
 
-    def pred_fun(carry):
-        return interpret(handler, p.cond_jaxpr.jaxpr, p.cond_jaxpr.consts, [*cconsts, *carry], active)[0][0]
+    def pred_fun(carry, h=handler):
+        return interpret(h, p.cond_jaxpr.jaxpr, p.cond_jaxpr.consts, [*cconsts, *carry], active)[0][0]
 
     def cond_fun(carry):
+        if carries:
+            # Logs in the predicate use the state but cannot change it (the
+            # predicate returns only a boolean); a handler that must, refuses.
+            carry, state = carry
+            handler.resume(state)
+            with _in_predicate(True):
+                pred = pred_fun(carry)
+        else:
+            pred = pred_fun(carry)
         # A predicate batched by vmap (a prefix of every carry's shape): loop while any element runs.
-        pred = pred_fun(carry)
         return jnp.any(pred) if jnp.ndim(pred) else pred
 
     batched_pred = len(p.cond_jaxpr.out_avals[0].shape) > 0
 
     def body_fun(carry):
+        if carries:
+            carry, state = carry
+            handler.resume(state)
+            return body(carry), _end_iteration(handler)
+        return body(carry)
+
+    def body(carry):
         guard = active
         if handler.guards_branches or batched_pred:
-            here = pred_fun(carry)
+            here = pred_fun(carry, DropAll())  # its logs were emitted by cond_fun
             if handler.guards_branches:
                 guard = here if active is None else jnp.logical_and(active, here)
         new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
@@ -410,7 +557,34 @@ def while_rule(handler, eqn, invals, active):
             new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
         return new
 
-    return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
+    if not carries:
+        return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
+    outs, state = jax.lax.while_loop(cond_fun, body_fun, (list(init), state))
+    handler.resume(state)
+    handler.exit_loop(entered)
+    return outs, []
+
+
+_predicate: contextvars.ContextVar[bool] = contextvars.ContextVar("lox_in_predicate", default=False)
+
+
+@contextlib.contextmanager
+def _in_predicate(value: bool):
+    token = _predicate.set(value)
+    try:
+        yield
+    finally:
+        _predicate.reset(token)
+
+
+def in_while_predicate() -> bool:
+    """Whether the log being handled sits in a `while_loop`'s predicate."""
+    return _predicate.get()
+
+
+def _end_iteration(handler):
+    handler.end_iteration()
+    return handler.carry()
 
 
 rules["while"] = while_rule
@@ -430,7 +604,28 @@ for _name in _compat.JIT_NAMES:
 def remat_rule(handler, eqn, invals, active):
     p = _compat.remat_params(eqn.params)
     fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active)
-    return jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
+    if not handler.carries:
+        return jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
+    outs, logs, state = jax.checkpoint(_threading(handler, fun), prevent_cse=p.prevent_cse, policy=p.policy)(
+        handler.carry(), *invals
+    )
+    handler.resume(state)
+    return outs, logs
+
+
+def _threading(handler, fun):
+    """`fun(*args) -> (outs, logs)` as `f(state, *args) -> (outs, logs, state)`,
+    for a handler that carries state."""
+
+    like = handler.snapshot()
+
+    def threaded(state, *args):
+        with handler.session(like):
+            handler.resume(state)
+            outs, logs = fun(*args)
+            return outs, logs, handler.carry()
+
+    return threaded
 
 
 for _name in _compat.REMAT_NAMES:
@@ -467,15 +662,27 @@ def _zero_tangent(x):
 
 def custom_jvp_rule(handler, eqn, invals, active):
     primal, original = _primal_and_original(handler, eqn, active)
+    carries = handler.carries
+    if carries:  # the handler's state goes in first and comes out last, with zero tangents
+        primal, invals = _threading(handler, primal), [handler.carry(), *invals]
     fun = jax.custom_jvp(primal)
 
     @fun.defjvp
     def fun_jvp(primals, tangents):
-        outs, logs = primal(*primals)
+        result = primal(*primals)
+        if carries:
+            primals, tangents = primals[1:], tangents[1:]
         _, out_tangents = without_logs(handler, eqn, lambda p, t: jax.jvp(original, p, t), primals, tangents)
-        return (outs, logs), (list(out_tangents), jax.tree_util.tree_map(_zero_tangent, logs))
+        return result, (list(out_tangents), *(jax.tree_util.tree_map(_zero_tangent, r) for r in result[1:]))
 
-    return fun(*invals)
+    return _resumed(handler, fun(*invals))
+
+
+def _resumed(handler, result):
+    """(outs, logs[, state]) → (outs, logs), going on with the state."""
+    if handler.carries:
+        handler.resume(result[2])
+    return result[0], result[1]
 
 
 for _name in _compat.CUSTOM_JVP_NAMES:
@@ -484,23 +691,95 @@ for _name in _compat.CUSTOM_JVP_NAMES:
 
 def custom_vjp_rule(handler, eqn, invals, active):
     primal, original = _primal_and_original(handler, eqn, active)
+    carries = handler.carries
+    state_shapes: list = []
+    if carries:
+        primal, invals = _threading(handler, primal), [handler.carry(), *invals]
     fun = jax.custom_vjp(primal)
 
     def fwd(*args):
-        _, logs = primal(*args)
+        result = primal(*args)
+        if carries:
+            state_shapes[:] = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args[0])]
+            args = args[1:]
         outs, pullback = without_logs(handler, eqn, lambda *a: jax.vjp(original, *a), *args)
-        return (outs, logs), pullback
+        return (outs, *result[1:]), pullback
 
     def bwd(pullback, cotangents):
-        out_cts, _ = cotangents
-        return tuple(without_logs(handler, eqn, pullback, list(out_cts)))
+        out_cts = cotangents[0]
+        arg_cts = tuple(without_logs(handler, eqn, pullback, list(out_cts)))
+        if carries:  # nothing flows back into the handler's state
+            return (jax.tree_util.tree_map(_zero_of, state_shapes[0]), *arg_cts)
+        return arg_cts
 
     fun.defvjp(fwd, bwd)
-    return fun(*invals)
+    return _resumed(handler, fun(*invals))
+
+
+def _zero_of(shape):
+    if jnp.issubdtype(shape.dtype, jnp.inexact):
+        return jnp.zeros(shape.shape, shape.dtype)
+    return np.zeros(shape.shape, jax.dtypes.float0)
 
 
 for _name in _compat.CUSTOM_VJP_NAMES:
     rules[_name] = custom_vjp_rule
+
+
+# Inside `jax.shard_map` every device runs the body on its own shards, so a log
+# there is an event per device: a tap calls back once per device, with that
+# device's values. The tap's token goes in replicated and comes out once per
+# device; the program goes on after the last device's call. Collecting the
+# per-device events as outputs is not supported.
+def shard_map_rule(handler, eqn, invals, active):
+    p = _compat.shard_map_params(eqn.params)
+    keys = _keys_text(_selected_sites(handler, eqn))
+    if handler.collects or handler.keep_logs:
+        raise ValueError(
+            f"`{handler.name}` cannot collect logs ({keys}) from inside `jax.shard_map`, where each device logs "
+            "its own shard. Stream them with `lox.tap` (one callback per device), return the values from the "
+            "shard_map and log them outside, or remove the logs with `lox.nolog`."
+        )
+    carries = handler.carries
+    if carries and not handler.can_enter_shard_map():
+        raise NotImplementedError(
+            f"`{handler.name}` cannot buffer the logs ({keys}) of a `jax.shard_map` inside a buffered loop. "
+            "Put the loop inside the shard_map, or tap without `buffer`."
+        )
+    axes = tuple(sorted(p.manual_axes))
+    replicated = jax.sharding.PartitionSpec()
+    extra = []
+    if carries:
+        extra.append(handler.carry())
+    if active is not None:
+        extra.append(active)
+
+    def body(*args):
+        state, args = (args[0], args[1:]) if carries else (None, args)
+        inner_active, args = (args[0], args[1:]) if active is not None else (None, args)
+        if carries:
+            handler.resume(state)
+        outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)
+        if not carries:
+            return outs
+        per_device = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry())
+        return outs, per_device
+
+    in_specs = (*[replicated] * len(extra), *p.in_specs)
+    out_specs = (list(p.out_specs), jax.sharding.PartitionSpec(*axes)) if carries else list(p.out_specs)
+    mapped = jax.shard_map(body, mesh=p.mesh, in_specs=in_specs, out_specs=out_specs,
+                           axis_names=set(p.manual_axes), check_vma=p.check_vma)
+    result = mapped(*extra, *invals)
+    if not carries:
+        return result, []
+    outs, per_device = result
+    # Every device made the same calls: any device's token will do as the next call's input.
+    handler.resume(jax.tree_util.tree_map(lambda x: jnp.max(x, axis=tuple(range(len(axes)))), per_device))
+    return outs, []
+
+
+for _name in _compat.SHARD_MAP_NAMES:
+    rules[_name] = shard_map_rule
 
 
 class DropAll(Handler):

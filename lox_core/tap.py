@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import threading
 import contextvars
 from typing import Callable, Iterable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lox_core import console
 from lox_core.host import host_call
-from lox_core.interpreter import Handler
-from lox_core.logdict import logdict
+from lox_core import buffer as buffering
+from lox_core.interpreter import Handler, in_while_predicate
+from lox_core.logdict import event_count, logdict
 from lox_core.primitive import vmap_of_cond_message
 from lox_core.spool import selection
 from lox_core.transform import jitted, trace_and_interpret, traced, wraps
 
 
 def print_event(event: logdict) -> None:
-    """The default tap callback: one readable line per event."""
-    values = {k: jax.tree_util.tree_map(lambda x: x[0], v) for k, v in event.items()}
-    steps = {name: next(iter(per_key.values()))[0] for name, per_key in event.steps.items()}
-    print(console.format_event(values, steps), flush=True)
+    """The default tap callback: one readable line per event (a buffered tap
+    delivers several events of a key at once: one line each, key by key)."""
+    if all(event_count(v) == 1 for v in event.values()):
+        values = {k: jax.tree_util.tree_map(lambda x: x[0], v) for k, v in event.items()}
+        steps = {name: next(iter(per_key.values()))[0] for name, per_key in event.steps.items()}
+        print(console.format_event(values, steps), flush=True)
+        return
+    for key, value in event.items():
+        for i in range(event_count(value)):
+            values = {key: jax.tree_util.tree_map(lambda x: x[i], value)}
+            steps = {name: per_key[key][i] for name, per_key in event.steps.items() if key in per_key}
+            print(console.format_event(values, steps), flush=True)
 
 
 def _one_event(x):
@@ -33,24 +46,157 @@ def _one_event(x):
 _context: contextvars.ContextVar = contextvars.ContextVar("lox_tap_context", default=None)
 
 
+class _State:
+    """What a tap carries through the program it rewrites: the token that
+    chains its host calls (see `lox_core.host`), and the buffers of the loop
+    being buffered, if any."""
+
+    __slots__ = ("token", "buffers")
+
+    def __init__(self):
+        self.token = None
+        self.buffers: buffering.Buffers | None = None
+
+
 class TapHandler(Handler):
     guards_branches = True
+    carries = True
     name = "lox.tap"
 
-    def __init__(self, selection, callback: Callable, prefix: str, with_context: bool = False, batched: bool = False):
+    def __init__(
+        self, selection, callback: Callable, prefix: str, with_context: bool = False, batched: bool = False,
+        buffer: int | None = None,
+    ):
         self.selection = selection
         self.callback = callback
         self.prefix = prefix
         self.with_context = with_context
         self.batched = batched
+        self.buffer = buffer
+        # Devices call back from threads of their own (shard_map): one callback at a time.
+        self._lock = threading.Lock()
+        self._state: contextvars.ContextVar[_State] = contextvars.ContextVar("lox_tap_state")
 
+    # --- the carried state (see `Handler`) -------------------------------------------
+    @contextlib.contextmanager
+    def session(self, like=None):
+        state = _State()
+        if like is not None and like.buffers is not None:
+            state.buffers = copy.copy(like.buffers)  # its arrays come with the state resumed
+        token = self._state.set(state)
+        try:
+            yield
+        finally:
+            self._state.reset(token)
+
+    def snapshot(self):
+        # A copy: the loop's buffers are dropped from the live state when it ends.
+        like = _State()
+        like.buffers = copy.copy(self._state.get().buffers)
+        return like
+
+    def _token(self):
+        state = self._state.get()
+        if state.token is None:
+            state.token = jnp.zeros((), jnp.int32)
+        return state.token
+
+    def carry(self):
+        state = self._state.get()
+        token = self._token()
+        return (token,) if state.buffers is None else (token, state.buffers.carry())
+
+    def resume(self, carried) -> None:
+        state = self._state.get()
+        state.token = carried[0]
+        if len(carried) > 1:
+            state.buffers.resume(carried[1])
+
+    def can_enter_shard_map(self) -> bool:
+        return self._state.get().buffers is None
+
+    def enter_loop(self, jaxpr):
+        state = self._state.get()
+        if self.buffer is None or state.buffers is not None:
+            return False  # unbuffered, or inside a loop that buffers already
+        kinds = buffering.kinds_in(self.selection, getattr(jaxpr, "jaxpr", jaxpr))
+        if not kinds:
+            return False
+        state.buffers = buffering.Buffers(kinds, self.buffer)
+        return True
+
+    def end_iteration(self) -> None:
+        buffers = self._state.get().buffers
+        if buffers is not None:
+            buffers.commit()
+            self._send_when(buffers.n >= buffers.size)
+
+    def chunk_length(self, body, length: int) -> int | None:
+        # A scan that logs a known number of events per iteration sends after
+        # each chunk of about `buffer` events: no test in every iteration.
+        per_iteration = buffering.appends(self.selection, getattr(body, "jaxpr", body))
+        if not per_iteration:  # a loop inside logs: as many events as it runs
+            return None
+        return max(1, min(length, self.buffer // sum(per_iteration.values())))
+
+    def end_chunk(self) -> None:
+        buffers = self._state.get().buffers
+        buffers.commit()
+        self._send_when(None)
+
+    def exit_loop(self, entered) -> None:
+        if entered:  # the last, partial buffer
+            buffers = self._state.get().buffers
+            buffers.commit()
+            self._send_when(buffers.n > 0)
+            self._state.get().buffers = None
+
+    def enter_cond(self, branches):
+        buffers = self._state.get().buffers
+        return None if buffers is None else buffers.plan_cond(self.selection, branches)
+
+    def leave_branch(self, plan):
+        if plan is None:
+            return self.carry()
+        return self._token(), self._state.get().buffers.leave_branch(plan)
+
+    def exit_cond(self, plan, carried) -> None:
+        if plan is None:
+            return self.resume(carried)
+        state = self._state.get()
+        state.token = carried[0]
+        state.buffers.exit_cond(plan, carried[1])
+
+    def _send_when(self, when) -> None:
+        state = self._state.get()
+        buffers = state.buffers
+        kinds, prefix, callback, lock = buffers.kinds, self.prefix, self.callback, self._lock
+
+        def deliver(batch_ndim, when, counts, arrays):
+            with lock:
+                for block in buffering.blocks(kinds, prefix, batch_ndim, when, counts, arrays):
+                    callback(block)
+
+        send = lambda token, when, counts, arrays: host_call(deliver, when, counts, arrays, token=token)  # noqa: E731
+        state.token = buffers.send_when(when, self._token(), send)
+
+    # --- events ----------------------------------------------------------------------
     def on_log(self, site, values, steps, active):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
+        state = self._state.get()
+        if state.buffers is not None:
+            self._buffer(site, keys, values, steps, active)
+            return None
         callback, prefix, with_context, batched = self.callback, self.prefix, self.with_context, self.batched
+        lock = self._lock
 
-        def deliver(batch_ndim, taken, vals, stps, context):
+        def deliver(*args):
+            with lock:
+                deliver_unlocked(*args)
+
+        def deliver_unlocked(batch_ndim, taken, vals, stps, context):
             if batch_ndim == 0 and not (with_context or batched):
                 # One event, the common case: nothing to route, nothing to split. (A
                 # batched event of `tap(vmap(f))` in a while loop whose predicate is
@@ -104,8 +250,29 @@ class TapHandler(Handler):
                 "logged in a jax.custom_jvp / custom_vjp function that is being differentiated, whose rules JAX "
                 "traces after `logger.tap` returned. Log outside the custom function, or use `logger.spool`."
             )
-        host_call(deliver, active, [values[k] for k in keys], [steps[n] for n in names], context)
+        state.token = host_call(
+            deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token()
+        )
         return None
+
+    def _buffer(self, site, keys, values, steps, active) -> None:
+        where = ", ".join(map(repr, keys))
+        if in_while_predicate():
+            raise NotImplementedError(
+                f"`lox.tap(..., buffer=K)` cannot buffer the event with keys {where}: it is logged in the "
+                "predicate of a `jax.lax.while_loop`, which cannot pass the buffer on. Log it in the loop's "
+                "body, or tap without `buffer`."
+            )
+        if active is not None and jnp.ndim(active):
+            raise NotImplementedError(
+                f"`lox.tap(..., buffer=K)` cannot buffer the event with keys {where}: it is logged in a "
+                "`jax.lax.while_loop` whose predicate is batched by `jax.vmap`, so its elements stop at "
+                "different iterations. Apply `vmap` outside the tap (`jax.vmap(lox.tap(f, callback, "
+                "buffer=K))`), or tap without `buffer`."
+            )
+        kind = buffering.kind_of(keys, values, steps)
+        leaves = [x for k in keys for x in jax.tree_util.tree_leaves(values[k])]
+        self._state.get().buffers.append(kind, leaves, list(steps.values()), active)
 
 
 def tap(
@@ -116,6 +283,7 @@ def tap(
     tags: Iterable[str] | None = None,
     prefix: str = "",
     batched: bool = False,
+    buffer: int | None = None,
     static_argnums=(),
     static_argnames=(),
 ) -> Callable:
@@ -137,6 +305,22 @@ def tap(
     branch; the other elements' values are meaningless). That costs one
     callback per event however many elements there are.
 
+    With ``buffer=K``, events logged inside a loop (`scan`, `while_loop`,
+    `fori_loop`) stay on device, in buffers the loop carries, and cross to the
+    host once per `K` events, and once more with the rest when the loop ends:
+    `callback` then gets those events at once, one logdict holding each key's
+    events in program order with their steps (under `vmap`, one per element).
+    Events outside loops are delivered one by one as without `buffer`. Nothing
+    is lost or delivered twice: concatenating what `callback` received gives
+    the spooled logs. That costs one host call per `K` events instead of one
+    per event; in a buffered loop, each key keeps one shape and dtype.
+
+    Host calls are put in order by data dependency (each returns a token the
+    next one takes), not by an ordered effect, so a tapped function runs on
+    several devices: under a sharded `jax.jit` the callback runs once per
+    event with the whole arrays; inside `jax.shard_map`, once per device with
+    that device's values, each device's events in program order.
+
     The tapped function is jitted. Called with concrete arrays, it returns only
     after every callback has run; inside an enclosing `jax.jit`, call
     `jax.effects_barrier()` to wait for them.
@@ -155,10 +339,23 @@ def tap(
     >>> out = jax.vmap(lox.tap(f, lambda event, took: batches.append(event), batched=True))(jnp.ones((2, 3), int))
     >>> [b["c"].tolist() for b in batches]
     [[[1], [1]], [[2], [2]], [[3], [3]]]
+    >>> blocks = []
+    >>> out = lox.tap(f, blocks.append, buffer=2)(jnp.arange(5))
+    >>> [b["c"].tolist() for b in blocks], blocks[-1].step["c"].tolist()
+    ([[0, 1], [3, 6], [10]], [4])
     """
     if batched and callback is None:
         raise TypeError("`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events.")
-    handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched)
+    if buffer is not None:
+        if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
+            raise ValueError(f"`lox.tap` buffer must be an integer >= 1 (events per host call), got {buffer!r}.")
+        if batched:
+            raise TypeError(
+                "`lox.tap` takes `buffer` or `batched=True`, not both: a buffer is delivered per vmap element, "
+                "as one logdict of several events. Drop one of them."
+            )
+        buffer = int(buffer)
+    handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched, buffer=buffer)
 
     def make_impl(get_fun):
         def tapped(*args, **kwargs):
@@ -166,7 +363,7 @@ def tap(
 
         return tapped
 
-    config = ("tap", handler.selection, callback, prefix, batched)
+    config = ("tap", handler.selection, callback, prefix, batched, buffer)
     compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
 
     def call(*args, **kwargs):

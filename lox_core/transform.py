@@ -31,7 +31,8 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
         return fun(*a, **k)
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[leaves[i] for i in dynamic])
-    outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
+    with handler.session():
+        outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), logs
 
 

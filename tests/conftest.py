@@ -1,10 +1,21 @@
 """Fixtures that start real components: an MLflow tracking server, and
-hermetic environments for the W&B and Neptune clients (offline)."""
+hermetic environments for the W&B and Neptune clients (offline).
 
-import pytest
-import wandb
+The suite runs with eight CPU devices (set before JAX starts), so that
+sharded programs and `shard_map` are tested on a machine without accelerators;
+single-device programs still run on the first.
+"""
 
-from mlflow_server import CLIENT_ENV, MlflowServer
+import os
+
+DEVICES = 8
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
+
+import pytest  # noqa: E402
+import wandb  # noqa: E402
+
+from mlflow_server import CLIENT_ENV, MlflowServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
