@@ -154,14 +154,19 @@ def tap():
 
 
 def buffer():
-    for title, logged, by_hand in (
-        ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged, programs.scan_buffered_by_hand),
-        ("a 10,000-step scan of a 256-unit recurrent cell (~10 us per step)", programs.rnn_logged, programs.rnn_buffered_by_hand),
+    small, medium = programs.rnn(256), programs.rnn(1024)
+    for title, logged, by_hand, quick in (
+        ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged,
+         programs.scan_buffered_by_hand, False),
+        ("a 10,000-step scan of a 256-unit recurrent cell (~10 us per step)", *small, False),
+        ("a 10,000-step scan of a 1024-unit recurrent cell (~100 us per step)", *medium, True),
     ):
-        _buffer(title, logged, by_hand)
+        _buffer(title, logged, by_hand, quick)
 
 
-def _buffer(title, logged, by_hand):
+def _buffer(title, logged, by_hand, quick=False):
+    """quick: a slow step, where per-event tap would take minutes: the
+    buffered tap against no logging and spool only."""
     print(f"Buffered tap: {title}, a scalar and a 64-vector per step to a callback")
     xs = jnp.linspace(0.0, 1.0, programs.STEPS)
     received = [0]
@@ -196,6 +201,9 @@ def _buffer(title, logged, by_hand):
     sizes = (10, 100, 1000)
     for size in sizes:
         candidates[f"buffer{size}"] = lox.tap(logged, count_block, buffer=size)
+    if quick:
+        sizes = (100,)
+        candidates = {k: candidates[k] for k in ("none", "spool", "buffer100")}
 
     def run(f):
         block(f(xs))
@@ -205,18 +213,44 @@ def _buffer(title, logged, by_hand):
         received[0] = 0
         run(f)
         assert name in ("none", "spool") or received[0] == programs.STEPS, (name, received[0])
-    t = side_by_side({name: (lambda f=f: run(f)) for name, f in candidates.items()}, reps=3, rounds=7)
+    t = side_by_side({name: (lambda f=f: run(f)) for name, f in candidates.items()},
+                     reps=1 if quick else 3, rounds=5 if quick else 7)
     base = t["none"]
     row("no logging (lox.nolog)", f"{base * 1e3:.2f} ms")
     row("lox.spool (values kept on device)", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / base)
-    row("raw jax.debug.callback per event", f"{t['raw'] * 1e3:.2f} ms", t["raw"] / base)
-    row("lox.tap per event", f"{t['tap'] * 1e3:.2f} ms", t["tap"] / base)
-    row("hand-written buffer of 100 + debug.callback", f"{t['hand100'] * 1e3:.2f} ms", t["hand100"] / base)
+    if not quick:
+        row("raw jax.debug.callback per event", f"{t['raw'] * 1e3:.2f} ms", t["raw"] / base)
+        row("lox.tap per event", f"{t['tap'] * 1e3:.2f} ms", t["tap"] / base)
+        row("hand-written buffer of 100 + debug.callback", f"{t['hand100'] * 1e3:.2f} ms", t["hand100"] / base)
     for size in sizes:
         name = f"buffer{size}"
         target = "target <= 1.1" if size == 100 else ""
         row(f"lox.tap(buffer={size})", f"{t[name] * 1e3:.2f} ms", t[name] / base, target)
-    row("lox.tap(buffer=100) / hand-written buffer of 100", "", t["buffer100"] / t["hand100"])
+    row("lox.tap(buffer=100) / lox.spool (the floor: same outputs, no host calls)", "", t["buffer100"] / t["spool"])
+    if not quick:
+        row("lox.tap(buffer=100) / hand-written buffer of 100", "", t["buffer100"] / t["hand100"])
+
+
+def while_loops():
+    for title, step in (
+        ("the step of `steady` (~0.1 us of work)", programs._step),
+        ("a 256-unit recurrent cell (~10 us per step)", programs.rnn_step),
+    ):
+        print(f"Spooled while loop: 10,000 steps of {title}, a scalar and a 64-vector per step, max_events=10,000")
+        xs = jnp.linspace(0.0, 1.0, programs.STEPS)
+        n = programs.STEPS
+        candidates = {
+            "none": jax.jit(lox.nolog(programs.while_logged(step))),
+            "hand": jax.jit(programs.while_by_hand(step, programs.STEPS)),
+            "spool": lox.spool(programs.while_logged(step), max_events=programs.STEPS),
+        }
+        _, logs = candidates["spool"](xs, n)
+        _, by_hand, count = candidates["hand"](xs, n)
+        assert int(logs.count["loss"]) == int(count) == n
+        t = side_by_side({name: (lambda f=f: block(f(xs, n))) for name, f in candidates.items()}, reps=5, rounds=9)
+        row("no logging (lox.nolog)", f"{t['none'] * 1e3:.2f} ms")
+        row("hand-written buffers in the loop's carry", f"{t['hand'] * 1e3:.2f} ms", t["hand"] / t["none"], "vs none")
+        row("lox.spool(f, max_events=10_000)", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / t["hand"], "vs hand-written")
 
 
 def devices():
@@ -414,7 +448,7 @@ def trackers():
 
 
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "tap": tap,
-            "buffer": buffer, "devices": devices, "arrow": arrow, "logger": logger, "trackers": trackers}
+            "buffer": buffer, "while": while_loops, "devices": devices, "arrow": arrow, "logger": logger, "trackers": trackers}
 
 
 def main(argv: list[str]) -> None:

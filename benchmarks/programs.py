@@ -41,38 +41,41 @@ HIDDEN = 256
 W_RNN = jax.random.normal(jax.random.key(0), (HIDDEN, HIDDEN)) / HIDDEN**0.5
 
 
-def rnn_logged(xs):
-    """A heavier step (a 256-unit recurrent cell, ~10 us on a CPU core) logging
-    its loss and a 64-value slice of the state: the scale of a small model's step."""
+def rnn(hidden: int):
+    """A heavier step than `_step`: a recurrent cell of `hidden` units (256:
+    ~10 us on a CPU core, 1024: ~100 us, a small model's step), logging its
+    loss and a 64-value slice of the state. Returns the logged scan and the
+    same scan buffering by hand (as `scan_buffered_by_hand`)."""
+    w = jax.random.normal(jax.random.key(0), (hidden, hidden)) / hidden**0.5
 
-    def body(h, ix):
-        i, x = ix
-        h = jnp.tanh(W_RNN @ h + x)
-        lox.log({"loss": jnp.mean(h**2), "h": h[:64]}, step=i)
-        return h, None
-
-    return jax.lax.scan(body, jnp.zeros(HIDDEN), (jnp.arange(xs.shape[0]), xs))[0]
-
-
-def rnn_buffered_by_hand(callback, size):
-    """`rnn_logged` buffering by hand, as `scan_buffered_by_hand`."""
-
-    def f(xs):
-        def body(carry, ix):
-            h, buf, count = carry
+    def logged(xs):
+        def body(h, ix):
             i, x = ix
-            h = jnp.tanh(W_RNN @ h + x)
-            buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (jnp.mean(h**2), h[:64], i)))
-            count = count + 1
-            count = jax.lax.cond(count == size, lambda: (jax.debug.callback(callback, *buf, count, ordered=True), 0)[1], lambda: count)
-            return (h, buf, count), None
+            h = jnp.tanh(w @ h + x)
+            lox.log({"loss": jnp.mean(h**2), "h": h[:64]}, step=i)
+            return h, None
 
-        empty = (jnp.zeros(size), jnp.zeros((size, 64)), jnp.zeros(size, jnp.int32))
-        (h, buf, count), _ = jax.lax.scan(body, (jnp.zeros(HIDDEN), empty, 0), (jnp.arange(xs.shape[0]), xs))
-        jax.lax.cond(count > 0, lambda: jax.debug.callback(callback, *buf, count, ordered=True), lambda: None)
-        return h
+        return jax.lax.scan(body, jnp.zeros(hidden), (jnp.arange(xs.shape[0]), xs))[0]
 
-    return f
+    def buffered_by_hand(callback, size):
+        def f(xs):
+            def body(carry, ix):
+                h, buf, count = carry
+                i, x = ix
+                h = jnp.tanh(w @ h + x)
+                buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (jnp.mean(h**2), h[:64], i)))
+                count = count + 1
+                count = jax.lax.cond(count == size, lambda: (jax.debug.callback(callback, *buf, count, ordered=True), 0)[1], lambda: count)
+                return (h, buf, count), None
+
+            empty = (jnp.zeros(size), jnp.zeros((size, 64)), jnp.zeros(size, jnp.int32))
+            (h, buf, count), _ = jax.lax.scan(body, (jnp.zeros(hidden), empty, 0), (jnp.arange(xs.shape[0]), xs))
+            jax.lax.cond(count > 0, lambda: jax.debug.callback(callback, *buf, count, ordered=True), lambda: None)
+            return h
+
+        return f
+
+    return logged, buffered_by_hand
 
 
 def scan_logged_callback(callback):
@@ -114,6 +117,55 @@ def scan_buffered_by_hand(callback, size):
         return state
 
     return f
+
+
+def while_logged(step):
+    """A while loop running `n` steps (a number XLA cannot know) of `step`,
+    logging its loss and a 64-value state per step: what `lox.spool(f,
+    max_events=N)` spools."""
+
+    def f(xs, n):
+        def body(carry):
+            state, i = carry
+            state, loss = step(state, xs[i])
+            lox.log({"loss": loss, "h": state[1][:64]}, step=i)
+            return state, i + 1
+
+        return jax.lax.while_loop(lambda c: c[1] < n, body, (_init(step), 0))[0]
+
+    return f
+
+
+def while_by_hand(step, capacity):
+    """`while_logged` keeping the first `capacity` events by hand: buffers in
+    the loop's carry, written at the event count (a spare last slot takes the
+    events that do not fit), returned with the count."""
+
+    def f(xs, n):
+        def body(carry):
+            state, i, buffers = carry
+            state, loss = step(state, xs[i])
+            at = jnp.minimum(i, capacity)
+            buffers = tuple(jax.lax.dynamic_update_index_in_dim(b, v, at, 0) for b, v in zip(buffers, (loss, state[1][:64], i)))
+            return state, i + 1, buffers
+
+        empty = (jnp.zeros(capacity + 1), jnp.zeros((capacity + 1, 64)), jnp.zeros(capacity + 1, jnp.int32))
+        state, count, buffers = jax.lax.while_loop(lambda c: c[1] < n, body, (_init(step), 0, empty))
+        return state, tuple(b[:capacity] for b in buffers), count
+
+    return f
+
+
+def _init(step):
+    return (0.0, jnp.zeros(64)) if step is _step else (0.0, jnp.zeros(HIDDEN))
+
+
+def rnn_step(carry, x):
+    """`_step` with a 256-unit recurrent cell (~10 us on a CPU core)."""
+    _, h = carry
+    h = jnp.tanh(W_RNN @ h + x)
+    loss = jnp.mean(h**2)
+    return (loss, h), loss
 
 
 W = jnp.eye(64) * 0.5 + 0.01

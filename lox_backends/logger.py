@@ -305,8 +305,11 @@ class Logger:
 
     def tap(self, fun: Callable, state: LoggerState, **options) -> Callable:
         """`lox.tap(fun)` whose events stream to the state's runs as they happen
-        (under vmap, one host call per event for all seeds)."""
-        tapped = lox_core.tap.tap_with_context(fun, self._receive_event, wait=False, **options)
+        (under vmap, one host call per event for all seeds). With ``buffer=K``
+        the events of loops cross to the host K at a time (see `lox.tap`)."""
+        tapped = lox_core.tap.tap_with_context(
+            fun, self._receive_event, wait=False, block_callback=self._receive_block, **options
+        )
 
         def run(*args, **kwargs):
             self._check_open()
@@ -332,6 +335,13 @@ class Logger:
                 f"({', '.join(RESERVED_COLUMNS)}); rename the step, e.g. `lox.log(..., {reserved[0]}_step=i)`."
             )
         self._check_shapes(logs, np.ndim(state.run))
+        for key, mask in logs.valid.items():
+            if np.ndim(mask) != np.ndim(state.run) + 1:
+                raise ValueError(
+                    f"`logger.log`: key {key!r} has padding per `jax.vmap` element (a `while_loop` vmapped inside "
+                    "`lox.spool(..., max_events=N)`), which a run's table cannot hold. Apply `jax.vmap` outside "
+                    "the spool, with one run per element (`jax.vmap(logger.init)`)."
+                )
         if traced((state, logs)):
             host_call(self._receive_batch, state.run, logs, guarded=False)
             return
@@ -371,6 +381,10 @@ class Logger:
         # Copies: the host call's arrays may be buffers that XLA reuses.
         run, logs = np.array(run), jax.tree_util.tree_map(np.array, logs)
         self._writer.submit_from_callback(lambda: self._write_batch(batch_ndim, run, logs))
+
+    def _receive_block(self, batch_ndim: int, logs: logdict, run) -> None:
+        # A buffered tap's events: written like a spooled batch.
+        self._receive_batch(batch_ndim, run, logs)
 
     def _receive_event(self, batch_ndim: int, event: logdict, run, took) -> None:
         # One task for all seeds: the host call returns at once, the writer splits.
@@ -472,6 +486,7 @@ class Logger:
         import pyarrow.compute as pc
 
         self._check_steps(run, logs)
+        self._check_dropped(run, logs)
         table = logs.to_arrow(run=run.run_id)
         primary = _primary_step(logs)
         if primary is not None and table.num_rows:
@@ -504,6 +519,22 @@ class Logger:
                     stacklevel=2,
                 )
             self._last_steps[(run.index, key)] = int(seq.max())
+
+    def _check_dropped(self, run: hooks.RunInfo, logs: logdict) -> None:
+        """Warn (once per run and key) of events a spooled while loop had no room for."""
+        lost = {key: int(np.sum(n)) for key, n in logs.dropped.items() if (run.index, "dropped " + key) not in self._warned}
+        lost = {key: n for key, n in lost.items() if n}
+        if not lost:
+            return
+        self._warned.update((run.index, "dropped " + key) for key in lost)
+        counts = ", ".join(f"{n} of {key!r}" for key, n in lost.items())
+        warnings.warn(
+            f"lox: in run {run.name!r}, events did not fit in the buffer of a spooled `while_loop` and were "
+            f"dropped ({counts}); the first `max_events` of each run of the loop are kept. Raise `max_events` "
+            "of `lox.spool`/`logger.spool`.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     # --- ending ----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:

@@ -134,6 +134,8 @@ def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
     """
     if run is not None and not isinstance(run, str):
         raise TypeError(f"`run` must be a string or None, got {type(run).__name__}.")
+    if logs.valid:  # padded series (`lox.spool(f, max_events=N)`): the recorded events only
+        logs = logs._trimmed("to_arrow")
     step_names = list(logs.steps)
     for name in step_names:
         if name in RESERVED:

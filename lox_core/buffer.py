@@ -81,9 +81,10 @@ def kinds_in(selection, jaxpr) -> collections.Counter:
     return found
 
 
-def appends(selection, jaxpr) -> collections.Counter | None:
+def appends(selection, jaxpr, scans: bool = False) -> collections.Counter | None:
     """The most events of each kind one run of `jaxpr` logs, or None when a
-    loop inside it logs (a number known only at run time)."""
+    loop inside it logs (a number known only at run time; with `scans`, only
+    while loops count as such, and a scan logs its length times its body)."""
     total: collections.Counter = collections.Counter()
     for eqn in jaxpr.eqns:
         if eqn.primitive is log_p:
@@ -94,11 +95,17 @@ def appends(selection, jaxpr) -> collections.Counter | None:
         subs = [getattr(s, "jaxpr", s) for s in _compat.subjaxprs_of(eqn)]
         if not subs:
             continue
+        if scans and eqn.primitive.name == "scan":
+            inner = appends(selection, subs[0], scans)
+            if inner is None:
+                return None
+            total.update({kind: n * _compat.scan_params(eqn.params).length for kind, n in inner.items()})
+            continue
         if eqn.primitive.name in _LOOPS:
             if any(kinds_in(selection, s) for s in subs):
                 return None
             continue
-        counts = [appends(selection, s) for s in subs]
+        counts = [appends(selection, s, scans) for s in subs]
         if any(c is None for c in counts):
             return None
         if eqn.primitive.name == "cond":  # one branch runs
@@ -109,9 +116,23 @@ def appends(selection, jaxpr) -> collections.Counter | None:
     return total
 
 
-def check_one_shape_per_key(kinds) -> None:
-    """A buffer reaches the callback as one logdict per delivery, so each key
-    must keep one structure, shape and dtype in the buffered loop."""
+def conds_log_alike(selection, jaxpr) -> bool:
+    """Whether each cond in `jaxpr` logs the same events whichever branch
+    runs, so that its logs can leave it as outputs."""
+    for eqn in jaxpr.eqns:
+        subs = [getattr(s, "jaxpr", s) for s in _compat.subjaxprs_of(eqn)]
+        if eqn.primitive.name == "cond":
+            counts = [appends(selection, s, scans=True) for s in subs]
+            if any(c != counts[0] for c in counts):
+                return False
+        if not all(conds_log_alike(selection, s) for s in subs):
+            return False
+    return True
+
+
+def check_one_shape_per_key(kinds, what: str = "`lox.tap(..., buffer=K)`", where: str = "one loop") -> None:
+    """A buffer holds each key's events in one array, so each key must keep
+    one structure, shape and dtype in the buffered loop."""
     seen: dict[str, tuple] = {}
     for kind in kinds:
         leaves = iter(kind.leaves)
@@ -120,10 +141,11 @@ def check_one_shape_per_key(kinds) -> None:
             other = seen.setdefault(key, mine)
             if other != mine:
                 describe = lambda d: ", ".join(f"{np.dtype(t).name}{list(s)}" for s, t in d[1])  # noqa: E731
+                undo = "tap without `buffer`" if "tap" in what else "spool the loop as a `scan`"
                 raise ValueError(
-                    f"`lox.tap(..., buffer=K)`: key {key!r} is logged as {describe(other)} and as {describe(mine)} "
-                    "in one loop. A buffer delivers each key's events as one array, so a key must keep one "
-                    "shape and dtype there: log the other values under another key, or tap without `buffer`."
+                    f"{what}: key {key!r} is logged as {describe(other)} and as {describe(mine)} "
+                    f"in {where}. A buffer holds each key's events in one array, so a key must keep one "
+                    f"shape and dtype there: log the other values under another key, or {undo}."
                 )
 
 
@@ -242,9 +264,18 @@ def _empty(kind: Kind, capacity: int):
 
 
 # --- on the host ---------------------------------------------------------------------
-def blocks(kinds: list[Kind], prefix: str, batch_ndim: int, when, counts, arrays) -> Iterator[logdict]:
+def elements(batch_ndim: int, shape: tuple, tree) -> list:
+    """`tree`'s arrays for each element of the leading `batch_ndim` axes (of
+    size `shape[:batch_ndim]`), in the order `blocks` numbers elements."""
+    batch_shape = tuple(shape[:batch_ndim])
+    return [jax.tree_util.tree_map(lambda x: np.array(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:])[index]), tree)
+            for index in np.ndindex(batch_shape)]
+
+
+def blocks(kinds: list[Kind], prefix: str, batch_ndim: int, when, counts, arrays) -> Iterator[tuple[int, logdict]]:
     """The events a sent buffer holds, one logdict per `vmap` element (one in
-    all outside vmap), each key's events in program order."""
+    all outside vmap) with the element's flat index, each key's events in
+    program order."""
     when = np.asarray(when)
     batch_shape = when.shape[:batch_ndim]
     elements = int(np.prod(batch_shape))
@@ -270,7 +301,7 @@ def blocks(kinds: list[Kind], prefix: str, batch_ndim: int, when, counts, arrays
             seqs.append(seq[e, rows])
         if not parts:
             continue
-        yield parts[0] if len(parts) == 1 else _in_program_order(parts, seqs)
+        yield e, parts[0] if len(parts) == 1 else _in_program_order(parts, seqs)
 
 
 def _in_program_order(parts: list[logdict], seqs: list[np.ndarray]) -> logdict:

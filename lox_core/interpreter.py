@@ -91,8 +91,11 @@ class Handler:
         """Whether the state can pass into a shard_map (replicated) as it is."""
         return True
 
-    def enter_loop(self, jaxpr):
-        """Before a loop whose body is `jaxpr`; returns what `exit_loop` needs."""
+    bounds_loops = False  # whether logs in loops of unknown length can be collected (`max_events`)
+
+    def enter_loop(self, eqn, body):
+        """Before a loop equation (scan or while) whose body is `body`; returns
+        what `exit_loop` needs."""
         return None
 
     def end_iteration(self) -> None:
@@ -104,11 +107,13 @@ class Handler:
         after every iteration (None: one loop, as it is)."""
         return None
 
-    def end_chunk(self) -> None:
-        """After each chunk of a scan run in chunks."""
+    def end_chunk(self, logs: logdict) -> None:
+        """After each chunk of a scan run in chunks, with the chunk's logs."""
 
-    def exit_loop(self, entered) -> None:
-        """After the loop, with its final state resumed."""
+    def exit_loop(self, entered) -> logdict | None:
+        """After the loop, with its final state resumed; the logs the loop
+        returns, if the handler kept them in its state."""
+        return None
 
     def enter_cond(self, branches):
         """Before a cond; returns a plan for `leave_branch` and `exit_cond`."""
@@ -121,6 +126,36 @@ class Handler:
     def exit_cond(self, plan, carried) -> None:
         """After the cond, with the state its taken branch returned."""
         self.resume(carried)
+
+
+class StatefulHandler(Handler):
+    """A handler that carries state: one state object per interpretation,
+    held in a context variable (`state`), made by `fresh_state`."""
+
+    carries = True
+
+    def __init__(self):
+        self._state: contextvars.ContextVar = contextvars.ContextVar(f"lox_{type(self).__name__}_state")
+
+    def fresh_state(self, like=None):
+        """A new state, taking the static parts of `like` (a state) if given."""
+        raise NotImplementedError
+
+    @property
+    def state(self):
+        return self._state.get()
+
+    @contextlib.contextmanager
+    def session(self, like=None):
+        token = self._state.set(self.fresh_state(like))
+        try:
+            yield
+        finally:
+            self._state.reset(token)
+
+    def snapshot(self):
+        # A copy: what a loop adds to the live state is dropped when the loop ends.
+        return self.fresh_state(self.state)
 
 
 def describe(logs: logdict) -> str:
@@ -334,16 +369,26 @@ def scan_rule(handler, eqn, invals, active):
     consts = invals[: p.num_consts]
     init = invals[p.num_consts : p.num_consts + p.num_carry]
     xs = invals[p.num_consts + p.num_carry :]
+    if not handler.carries:
+        carry, ys, logs = _scan(handler, p, consts, init, xs, active, p.length)
+        return [*carry, *ys], logs
+    entered = handler.enter_loop(eqn, p.jaxpr)
+    chunk = handler.chunk_length(p.jaxpr, p.length) if entered else None
+    if chunk is None:
+        carry, ys, logs = _scan(handler, p, consts, init, xs, active, p.length)
+    else:
+        carry, ys = _chunked_scan(handler, p, consts, init, xs, active, chunk)
+        logs = logdict()
+    more = handler.exit_loop(entered)
+    return [*carry, *ys], logs if more is None else concat([logs, more])
+
+
+def _scan(handler, p, consts, init, xs, active, length: int):
+    """`p`'s scan over `length` iterations of `xs`, interpreted: (carry, ys, logs)."""
     body_fun = _interpreted(handler, p.jaxpr, active)
     layout: list = []
     carries = handler.carries
     if carries:
-        entered = handler.enter_loop(p.jaxpr)
-        chunk = handler.chunk_length(p.jaxpr, p.length) if entered else None
-        if chunk is not None:
-            carry, ys = _chunked_scan(handler, p, consts, init, xs, body_fun, chunk)
-            handler.exit_loop(entered)
-            return [*carry, *ys], logdict()
         init = (list(init), handler.carry())
 
     def body(carry, x):
@@ -360,6 +405,8 @@ def scan_rule(handler, eqn, invals, active):
         if carries:
             handler.end_iteration()
             new_carry = (new_carry, handler.carry())
+        # Event counts (of bounded loops inside) are summed, not stacked.
+        logs, totals = _without_totals(logs)
         leaves, tree = jax.tree_util.tree_flatten(logs)
         # One event per iteration (the common case) leaves the body without its
         # event axis, exactly like a hand-written `ys`; and an array shared by
@@ -368,13 +415,12 @@ def scan_rule(handler, eqn, invals, active):
         squeeze = [leaf.shape[0] == 1 for leaf in unique]
         layout[:] = [tree, squeeze, where]
         ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
-        return new_carry, (outs[p.num_carry :], ys_logs)
+        return new_carry, (outs[p.num_carry :], ys_logs, totals)
 
-    carry, (ys, unique) = jax.lax.scan(body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll)
+    carry, (ys, unique, totals) = jax.lax.scan(body, init, xs, length=length, reverse=p.reverse, unroll=p.unroll)
     if carries:
         carry, state = carry
         handler.resume(state)
-        handler.exit_loop(entered)
     tree, squeeze, where = layout
 
     def events_in_order(x, squeezed):
@@ -385,27 +431,28 @@ def scan_rule(handler, eqn, invals, active):
 
     unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
     leaves = [unique[i] for i in where]
-    return [*carry, *ys], jax.tree_util.tree_unflatten(tree, leaves)
+    logs = jax.tree_util.tree_unflatten(tree, leaves)
+    logs._totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
+    return carry, ys, logs
 
 
-def _chunked_scan(handler, p, consts, init, xs, body_fun, chunk: int):
+def _without_totals(logs: logdict) -> tuple[logdict, dict]:
+    if not logs._totals:
+        return logs, {}
+    return logs._like(dict(logs), logs.steps, totals={}), logs._totals
+
+
+def _chunked_scan(handler, p, consts, init, xs, active, chunk: int):
     """A scan as a scan over chunks of `chunk` iterations (and one shorter
-    chunk for the rest), calling `handler.end_chunk()` after each: a handler
-    that sends what a chunk logged then does so without a test in every
-    iteration. Only for handlers that collect nothing (the body's logs are
-    handled inside it)."""
-
-    def body(carry, x):
-        carry, state = carry
-        handler.resume(state)
-        outs, _ = body_fun(*consts, *carry, *x)
-        return (outs[: p.num_carry], handler.carry()), outs[p.num_carry :]
+    chunk for the rest), calling ``handler.end_chunk(logs)`` after each with
+    the chunk's logs: a handler that sends what a chunk logged then does so
+    without a test in every iteration."""
 
     def run_chunk(carry, xs_chunk, length):
-        carry, ys = jax.lax.scan(body, carry, xs_chunk, length=length, reverse=p.reverse, unroll=p.unroll)
         handler.resume(carry[1])
-        handler.end_chunk()
-        return (carry[0], handler.carry()), ys
+        carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length)
+        handler.end_chunk(logs)
+        return (carry, handler.carry()), ys
 
     full, rest = divmod(p.length, chunk)
     # The iterations of the full chunks, then the rest, in execution order
@@ -505,20 +552,22 @@ def _check_branches_log_alike(records) -> None:
 
 def while_rule(handler, eqn, invals, active):
     p = _compat.while_params(eqn.params)
-    if handler.collects:
+    if handler.collects and not handler.bounds_loops:
         keys = _keys_text(_selected_sites(handler, eqn))
         raise ValueError(
             f"`{handler.name}` cannot collect logs ({keys}) inside `jax.lax.while_loop` (which is also what "
             "`jax.lax.fori_loop` becomes when its bounds are traced): the number of iterations, and so the "
-            "number of events, is unknown at compile time. Use `jax.lax.scan` or a `fori_loop` with static "
-            "bounds, stream the events with `lox.tap`, or remove them with `lox.nolog`."
+            "number of events, is unknown at compile time. Give the spool a capacity "
+            "(`lox.spool(f, max_events=N)` keeps the first N events of each key in the loop), use "
+            "`jax.lax.scan` or a `fori_loop` with static bounds, stream the events with `lox.tap`, or remove "
+            "them with `lox.nolog`."
         )
     cconsts = invals[: p.cond_nconsts]
     bconsts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
     init = invals[p.cond_nconsts + p.body_nconsts :]
     carries = handler.carries
     if carries:
-        entered = handler.enter_loop(p.body_jaxpr)
+        entered = handler.enter_loop(eqn, p.body_jaxpr)
         state = handler.carry()
 
     def pred_fun(carry, h=handler):
@@ -550,7 +599,8 @@ def while_rule(handler, eqn, invals, active):
         guard = active
         if handler.guards_branches or batched_pred:
             here = pred_fun(carry, DropAll())  # its logs were emitted by cond_fun
-            if handler.guards_branches:
+            # A handler with state needs to know which elements of a batched loop run.
+            if handler.guards_branches or carries:
                 guard = here if active is None else jnp.logical_and(active, here)
         new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
         if batched_pred:
@@ -561,8 +611,7 @@ def while_rule(handler, eqn, invals, active):
         return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
     outs, state = jax.lax.while_loop(cond_fun, body_fun, (list(init), state))
     handler.resume(state)
-    handler.exit_loop(entered)
-    return outs, []
+    return outs, handler.exit_loop(entered)
 
 
 _predicate: contextvars.ContextVar[bool] = contextvars.ContextVar("lox_in_predicate", default=False)

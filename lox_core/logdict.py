@@ -54,22 +54,119 @@ class logdict(dict):
     ([3.0, 2.0, 1.0], [0, 1, 2])
     >>> logs.reduce("mean")["loss"].tolist()
     [2.0]
+
+    *Padded series.* A loop whose length is known only at run time
+    (`lox.spool(f, max_events=N)`) returns its events in a buffer of fixed
+    size: such a key has a boolean mask ``logs.valid[key]`` (events, or
+    events × vmap axes) that is false on the padding, and ``logs.dropped[key]``
+    counts the events that did not fit. ``logs.count[key]`` is the number of
+    recorded events of any key. Reductions and `to_arrow` leave the padding
+    out, and `trim` removes it on the host:
+
+    >>> import numpy as np
+    >>> padded = lox.logdict({"r": np.array([0.5, 0.25, 0.0])}, valid={"r": np.array([True, True, False])},
+    ...                      dropped={"r": np.array(0)})
+    >>> int(padded.count["r"]), padded.trim()["r"].tolist(), padded.reduce("mean")["r"].tolist()
+    (2, [0.5, 0.25], [0.375])
     """
 
-    __slots__ = ("_steps",)
+    # `_valid`: key -> mask, for padded keys. `_totals`: key -> (recorded,
+    # dropped) event counts, for keys that had a limit: leaves of the pytree,
+    # so that they stay right under `jax.vmap` and through scans.
+    __slots__ = ("_steps", "_valid", "_totals")
 
-    def __init__(self, data: Mapping[str, Any] = (), steps: Mapping[str, Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        data: Mapping[str, Any] = (),
+        steps: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        valid: Mapping[str, Any] | None = None,
+        dropped: Mapping[str, Any] | None = None,
+    ):
         super().__init__(data)
         self._steps = {name: dict(per_key) for name, per_key in (steps or {}).items() if per_key}
+        valid, dropped = dict(valid or {}), dict(dropped or {})
+        for what, extra in (("valid", valid), ("dropped", dropped)):
+            unknown = [k for k in extra if k not in self]
+            if unknown:
+                raise ValueError(f"logdict: `{what}` names key {unknown[0]!r}, which the logdict does not hold.")
+        self._valid = valid
+        self._totals = {k: (valid[k].sum(axis=0) if k in valid else event_count(self[k]), dropped.get(k, 0))
+                        for k in self if k in valid or k in dropped}
 
     @classmethod
     def _trusted(cls, data: dict, steps: dict) -> "logdict":
         """A logdict that takes `data` and `steps` as they are (fresh dicts, no
-        empty step names): for hot paths that build many small logdicts."""
+        empty step names, no padding): for hot paths that build many small logdicts."""
         logs = cls.__new__(cls)
         dict.update(logs, data)
         logs._steps = steps
+        logs._valid = {}
+        logs._totals = {}
         return logs
+
+    def _like(self, data: dict, steps: dict, valid: dict | None = None, totals: dict | None = None) -> "logdict":
+        """A plain logdict of `data` and `steps` with this one's padding and
+        totals (or the given), for the keys it holds."""
+        out = logdict._trusted(data, {name: per_key for name, per_key in steps.items() if per_key})
+        out._valid = {k: m for k, m in (self._valid if valid is None else valid).items() if k in data}
+        out._totals = {k: t for k, t in (self._totals if totals is None else totals).items() if k in data}
+        return out
+
+    def _recounted(self) -> "logdict":
+        """The same logdict with its recorded counts taken from its masks
+        again, after an operation that changed the events."""
+        self._totals = {
+            k: (self._valid[k].sum(axis=0) if k in self._valid else event_count(self[k]), dropped)
+            for k, (_, dropped) in self._totals.items()
+        }
+        return self
+
+    # --- padding ----------------------------------------------------------------
+    @property
+    def valid(self) -> dict[str, Any]:
+        """Masks of the recorded events, by key, for the keys with padding only
+        (shape ``(events,)``, or ``(events, *vmap axes)`` for a loop vmapped
+        inside `spool`)."""
+        return self._valid
+
+    @property
+    def count(self) -> dict[str, Any]:
+        """The number of recorded events of each key (padding left out)."""
+        return {k: self._totals[k][0] if k in self._totals else event_count(v) for k, v in self.items()}
+
+    @property
+    def dropped(self) -> dict[str, Any]:
+        """The number of events of each key that a full buffer dropped (0 for
+        keys that never had a limit; see `lox.spool`'s ``max_events``)."""
+        return {k: self._totals[k][1] if k in self._totals else 0 for k in self}
+
+    def trim(self) -> logdict:
+        """On the host: the logdict without padding, as NumPy arrays (each key's
+        recorded events only; `dropped` stays).
+
+        A mask with vmap axes (a `while_loop` vmapped *inside* `spool`) keeps a
+        different number of events per element, which one array cannot hold:
+        index ``logs.valid[key][:, i]`` per element, or apply `jax.vmap`
+        outside `spool`.
+        """
+        return self._trimmed("logdict.trim")
+
+    def _trimmed(self, what: str) -> logdict:
+        for key, mask in self._valid.items():
+            if np.ndim(mask) != 1:
+                raise ValueError(
+                    f"{what}: key {key!r} has padding per `jax.vmap` element (mask of shape "
+                    f"{tuple(np.shape(mask))}), so its elements keep different numbers of events. Apply "
+                    "`jax.vmap` outside `lox.spool` (one logdict per element), or select one element's events "
+                    f"with `logs.valid[{key!r}][:, i]`."
+                )
+        keep = {k: np.asarray(m) for k, m in self._valid.items()}
+        cut = lambda key, x: np.asarray(x)[keep[key]] if key in keep else np.asarray(x)  # noqa: E731
+        data = {k: jax.tree_util.tree_map(lambda x: cut(k, x), v) for k, v in self.items()}
+        steps = {name: {k: cut(k, s) for k, s in per_key.items()} for name, per_key in self._steps.items()}
+        totals = {k: (np.asarray(event_count(data[k])), np.asarray(dropped)) for k, (_, dropped) in self._totals.items()}
+        return self._like(data, steps, valid={}, totals=totals)
 
     # --- steps ------------------------------------------------------------------
     @property
@@ -103,12 +200,15 @@ class logdict(dict):
         if not isinstance(other, logdict):
             return NotImplemented
         steps: dict[str, dict[str, Any]] = {}
+        valid, totals = {}, {}
         for src, keys in ((self, [k for k in self if k not in other]), (other, list(other))):
             for name, per_key in src._steps.items():
                 for key in keys:
                     if key in per_key:
                         steps.setdefault(name, {})[key] = per_key[key]
-        return logdict({**self, **other}, steps)
+            valid.update((k, src._valid[k]) for k in keys if k in src._valid)
+            totals.update((k, src._totals[k]) for k in keys if k in src._totals)
+        return self._like({**self, **other}, steps, valid, totals)
 
     def filter(self, pred: Callable[[str, Any], bool]) -> logdict:
         """Keep the keys for which ``pred(key, value)`` is true."""
@@ -123,7 +223,9 @@ class logdict(dict):
         steps = {
             name: {rename[k]: per_key[k] for k in keys if k in per_key} for name, per_key in self._steps.items()
         }
-        return logdict({rename[k]: self[k] for k in keys}, steps)
+        valid = {rename[k]: self._valid[k] for k in keys if k in self._valid}
+        totals = {rename[k]: self._totals[k] for k in keys if k in self._totals}
+        return self._like({rename[k]: self[k] for k in keys}, steps, valid, totals)
 
     @property
     def slice(self) -> _Slicer:
@@ -131,10 +233,21 @@ class logdict(dict):
         return _Slicer(self)
 
     def map_series(self, fn: Callable[[Any], Any]) -> logdict:
-        """Apply `fn` to every array of every series and step (along the event axis)."""
+        """Apply `fn` to every array of every series, step and mask (along the event axis)."""
         data = {k: jax.tree_util.tree_map(fn, v) for k, v in self.items()}
         steps = {name: {k: fn(s) for k, s in per_key.items()} for name, per_key in self._steps.items()}
-        return logdict(data, steps)
+        return self._like(data, steps, {k: fn(m) for k, m in self._valid.items()})._recounted()
+
+    def _every(self, n: int) -> logdict:
+        """Every `n`-th event of each key: a slice, or for a padded key a mask
+        that keeps every `n`-th recorded event (its shape cannot change)."""
+        if not self._valid:
+            return self.slice[::n]
+        plain = self.filter(lambda k, _: k not in self._valid).slice[::n]
+        padded = self.filter(lambda k, _: k in self._valid)
+        ranks = {k: jnp.cumsum(m, axis=0) - 1 for k, m in padded._valid.items()}
+        padded._valid = {k: m & (ranks[k] % n == 0) for k, m in padded._valid.items()}
+        return plain | padded._recounted()
 
     def reduce(self, mode: str) -> logdict:
         """Reduce every series over its events to a series of one event.
@@ -145,12 +258,15 @@ class logdict(dict):
         """
         if mode not in REDUCTIONS:
             raise ValueError(f"unknown reduce mode {mode!r}: use one of {', '.join(REDUCTIONS)}.")
+        if self._valid:  # padded keys: the recorded events only
+            plain = self.filter(lambda k, _: k not in self._valid).reduce(mode)
+            return plain | _reduce_padded(self.filter(lambda k, _: k in self._valid), mode)
         if mode in ("first", "last"):
             return self.slice[:1] if mode == "first" else self.slice[-1:]
         op = {"mean": jnp.mean, "sum": jnp.sum, "min": jnp.min, "max": jnp.max}[mode]
         data = {k: jax.tree_util.tree_map(lambda x: op(x, axis=0, keepdims=True), v) for k, v in self.items()}
         steps = {name: {k: s[-1:] for k, s in per_key.items()} for name, per_key in self._steps.items()}
-        return logdict(data, steps)
+        return self._like(data, steps)._recounted()
 
     # --- Arrow -------------------------------------------------------------------------
     def to_arrow(self, run: str | None = None):
@@ -192,13 +308,75 @@ class logdict(dict):
         for key, value in self.items():
             shapes = jax.tree_util.tree_map(_describe, value)
             names = self.step_names(key)
-            lines.append(f"  {key!r}: {shapes}" + (f"  steps: {', '.join(names)}" if names else ""))
+            padded = "  padded" if key in self._valid else ""
+            lines.append(f"  {key!r}: {shapes}" + (f"  steps: {', '.join(names)}" if names else "") + padded)
         return "logdict({\n" + ",\n".join(lines) + "\n})"
 
     __str__ = __repr__
 
     def __reduce__(self):
-        return (logdict, (dict(self), self._steps))
+        return (_rebuild, (dict(self), self._steps, self._valid, self._totals))
+
+
+def _rebuild(data, steps, valid, totals) -> logdict:
+    return logdict(data, steps)._like(data, steps, valid, totals)
+
+
+def _reduce_padded(logs: logdict, mode: str) -> logdict:
+    """`logs.reduce(mode)` of padded keys: over recorded events only. The
+    result is one event, itself padding (``valid`` false) where none was
+    recorded; its steps are those of the first or last recorded event."""
+    data, steps, valid = {}, {name: {} for name in logs.steps}, {}
+    for key, value in logs.items():
+        mask = logs._valid[key]
+        xp = _numpy_or_jax(mask, *jax.tree_util.tree_leaves(value))
+        events = mask.shape[0]
+        count = mask.sum(axis=0)
+        # The event whose steps the result keeps (and whose values first/last take), per vmap element.
+        if mode == "first":
+            at = xp.argmax(mask, axis=0)
+        else:
+            at = events - 1 - xp.argmax(mask[::-1], axis=0)
+
+        def pick(x, at=at):
+            index = xp.reshape(at, (1, *at.shape) + (1,) * (x.ndim - 1 - at.ndim))
+            return xp.take_along_axis(x, xp.broadcast_to(index, (1, *x.shape[1:])), axis=0)
+
+        def padded_mask(x, mask=mask):
+            return xp.reshape(mask, mask.shape + (1,) * (x.ndim - mask.ndim))
+
+        def reduce_leaf(x):
+            if mode in ("first", "last"):
+                return pick(x)
+            m = padded_mask(x)
+            if mode in ("mean", "sum"):
+                total = xp.sum(xp.where(m, x, xp.zeros((), x.dtype)), axis=0, keepdims=True)
+                if mode == "sum":
+                    return total
+                return total / xp.reshape(count, count.shape + (1,) * (x.ndim - 1 - count.ndim))
+            fill = _identity(x.dtype, mode)
+            op = xp.min if mode == "min" else xp.max
+            return op(xp.where(m, x, fill), axis=0, keepdims=True)
+
+        data[key] = jax.tree_util.tree_map(reduce_leaf, value)
+        for name in logs.step_names(key):
+            s = logs.steps[name][key]
+            if s.ndim < mask.ndim:  # one step per event for every element
+                s = xp.broadcast_to(xp.reshape(s, s.shape + (1,) * (mask.ndim - s.ndim)), mask.shape)
+            steps[name][key] = pick(s)
+        valid[key] = (count > 0)[None]
+    return logs._like(data, steps, valid)._recounted()
+
+
+def _identity(dtype, mode: str):
+    """The value that `min` (or `max`) ignores: what padding becomes."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return mode == "min"
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return info.max if mode == "min" else info.min
+    return np.inf if mode == "min" else -np.inf
 
 
 def _describe(x) -> str:
@@ -233,10 +411,21 @@ def concat(parts: Iterable[logdict]) -> logdict:
     for p in parts:
         names.update(dict.fromkeys(p._steps))
     data, steps = {}, {name: {} for name in names}
+    valid, totals = {}, {}
     for key in keys:
         holders = [p for p in parts if key in p]
         _check_same_structure(key, [p[key] for p in holders])
         data[key] = _concat([p[key] for p in holders])
+        masks = [p._valid.get(key) for p in holders]
+        if any(m is not None for m in masks):
+            like = next(m for m in masks if m is not None)
+            xp = _numpy_or_jax(like)
+            masks = [m if m is not None else xp.ones((event_count(p[key]), *like.shape[1:]), bool) for m, p in zip(masks, holders)]
+            valid[key] = _concat(masks)
+        if any(key in p._totals for p in holders):
+            recorded = [p.count[key] for p in holders]
+            dropped = [p.dropped[key] for p in holders]
+            totals[key] = (sum(recorded[1:], recorded[0]), sum(dropped[1:], dropped[0]))
         for name in names:
             have = [p._steps.get(name, {}).get(key) for p in holders]
             if all(h is None for h in have):
@@ -247,7 +436,7 @@ def concat(parts: Iterable[logdict]) -> logdict:
                 for h, p in zip(have, holders)
             ]
             steps[name][key] = _concat(filled)
-    return logdict(data, steps)
+    return logdict(data, steps)._like(data, steps, valid, totals)
 
 
 def _check_same_structure(key: str, values: list) -> None:
@@ -272,20 +461,24 @@ def _describe_event(x) -> str:
 def _flatten(logs: logdict):
     keys = tuple(logs)
     step_index = tuple((name, key) for name, per_key in logs._steps.items() for key in per_key)
+    valid, totals = tuple(logs._valid), tuple(logs._totals)
     children = [logs[k] for k in keys] + [logs._steps[name][key] for name, key in step_index]
-    return children, (keys, step_index)
+    children += [logs._valid[k] for k in valid] + [t for k in totals for t in logs._totals[k]]
+    return children, (keys, step_index, valid, totals)
 
 
 def _unflatten(aux, children) -> logdict:
-    keys, step_index = aux
-    children = list(children)
-    data = dict(zip(keys, children[: len(keys)]))
+    keys, step_index, valid, totals = aux
+    children = iter(children)
+    data = {k: next(children) for k in keys}
     steps: dict[str, dict[str, Any]] = {}
-    for (name, key), value in zip(step_index, children[len(keys) :]):
-        steps.setdefault(name, {})[key] = value
+    for name, key in step_index:
+        steps.setdefault(name, {})[key] = next(children)
     out = logdict.__new__(logdict)
     dict.__init__(out, data)
     out._steps = steps
+    out._valid = {k: next(children) for k in valid}
+    out._totals = {k: (next(children), next(children)) for k in totals}
     return out
 
 

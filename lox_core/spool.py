@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-import jax
+import copy
 
-from lox_core.interpreter import Handler, Selection, single_event, unique_objects
+import jax
+import numpy as np
+
+from lox_core import _compat, bounded
+from lox_core.buffer import kinds_in
+from lox_core.interpreter import Handler, Selection, StatefulHandler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import REDUCTIONS, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import jitted, trace_and_interpret, wraps
@@ -23,15 +28,17 @@ class _SharedOnce(logdict):
 
     __slots__ = ("_where",)
 
-    def __init__(self, data=(), steps=None, where=None):
-        super().__init__(data, steps)
+    @classmethod
+    def of(cls, logs: logdict, where=None) -> "_SharedOnce":
+        shared = cls._trusted(dict(logs), logs.steps)
+        shared._valid, shared._totals = dict(logs._valid), dict(logs._totals)
         if where is None:
-            leaves = jax.tree_util.tree_leaves(logdict(self, self.steps))
-            where = tuple(unique_objects(leaves)[1])
-        self._where = where
+            where = tuple(unique_objects(jax.tree_util.tree_leaves(_plain(shared)))[1])
+        shared._where = where
+        return shared
 
     def _flatten(self):
-        leaves, tree = jax.tree_util.tree_flatten(logdict(self, self.steps))
+        leaves, tree = jax.tree_util.tree_flatten(_plain(self))
         first = {}
         for leaf, i in zip(leaves, self._where):
             first.setdefault(i, leaf)
@@ -41,7 +48,11 @@ class _SharedOnce(logdict):
     def _unflatten(cls, aux, unique):
         tree, where = aux
         logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
-        return cls(logs, logs.steps, where)
+        return cls.of(logs, where)
+
+
+def _plain(logs: logdict) -> logdict:
+    return logs._like(dict(logs), logs.steps)
 
 
 jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
@@ -60,6 +71,80 @@ class SpoolHandler(Handler):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "spooled"))
         return event_logdict(values, steps, expand=single_event)
+
+
+class _Bounds:
+    """What a bounded spool carries: the buffers of the loop being spooled, if any."""
+
+    __slots__ = ("buffers",)
+
+    def __init__(self, buffers: bounded.Bounded | None = None):
+        self.buffers = buffers
+
+
+class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
+    """`lox.spool(f, max_events=N)`: as `SpoolHandler`, and the logs of a
+    `while_loop` go to buffers of `N` events per key (`lox_core.bounded`)."""
+
+    bounds_loops = True
+
+    def __init__(self, selection: Selection, keep_logs: bool, max_events: int):
+        StatefulHandler.__init__(self)
+        SpoolHandler.__init__(self, selection, keep_logs)
+        self.max_events = max_events
+
+    def fresh_state(self, like=None):
+        return _Bounds(copy.copy(like.buffers) if like is not None else None)
+
+    def carry(self):
+        buffers = self.state.buffers
+        return () if buffers is None else buffers.carry()
+
+    def resume(self, carried) -> None:
+        if self.state.buffers is not None:
+            self.state.buffers.resume(carried)
+
+    def enter_loop(self, eqn, body):
+        state = self.state
+        # Scans stack their events; a while loop inside a bounded one passes its buffers on.
+        if eqn.primitive.name != "while" or state.buffers is not None:
+            return False
+        predicate = _compat.while_params(eqn.params).cond_jaxpr.jaxpr
+        if kinds_in(self.selection, predicate):
+            self._refuse_in_predicate(_keys_in(self.selection, predicate))
+        kinds = kinds_in(self.selection, getattr(body, "jaxpr", body))
+        if not kinds:
+            return False
+        state.buffers = bounded.Bounded(kinds, self.max_events, bounded.predicate_shape(eqn))
+        return True
+
+    def exit_loop(self, entered):
+        if not entered:
+            return None
+        logs = self.state.buffers.logs()
+        self.state.buffers = None
+        return logs
+
+    def on_log(self, site, values, steps, active):
+        buffers = self.state.buffers
+        if buffers is None:
+            return super().on_log(site, values, steps, active)
+        if in_while_predicate():
+            self._refuse_in_predicate(list(values))
+        buffers.append(values, steps, active)
+        return None
+
+    @staticmethod
+    def _refuse_in_predicate(keys) -> None:
+        raise NotImplementedError(
+            f"`lox.spool(..., max_events=N)` cannot spool the keys {', '.join(map(repr, keys))}: they are logged "
+            "in the predicate of a `jax.lax.while_loop`, which returns only a boolean and so cannot pass the "
+            "buffers on. Log them in the loop's body, or stream them with `lox.tap`."
+        )
+
+
+def _keys_in(selection: Selection, jaxpr) -> list[str]:
+    return list(dict.fromkeys(k for kind in kinds_in(selection, jaxpr) for k in kind.keys))
 
 
 def selection(argnames, tags) -> Selection:
@@ -87,6 +172,7 @@ def spool(
     interval: int | None = None,
     reduce: str | None = None,
     prefix: str = "",
+    max_events: int | None = None,
     static_argnums=(),
     static_argnames=(),
 ) -> Callable:
@@ -106,6 +192,9 @@ def spool(
       interval: keep every `interval`-th event of each key.
       reduce: reduce each series to one event: mean, sum, min, max, first, last.
       prefix: prepended to every key.
+      max_events: collect the logs of `jax.lax.while_loop`s (and of
+        `fori_loop`s with traced bounds) too, keeping at most this many events
+        of each key per run of the outermost such loop (see below).
       static_argnums: as in `jax.jit`.
       static_argnames: as in `jax.jit`.
 
@@ -113,6 +202,18 @@ def spool(
     for an enclosing transform (or the default console output) to handle. The
     keys of one event share one step array (one object, computed once): copy
     the logs (``jax.tree_util.tree_map(jnp.copy, logs)``) before donating them.
+
+    A while loop runs a number of times known only at run time, so by default
+    its logs are refused. With ``max_events=N`` the outermost while loop that
+    logs carries a buffer of `N` events per key on device (loops inside it add
+    to the same buffer), which it returns when it ends: each of its keys
+    comes back as a *padded* series of `N` events per run of the loop, the
+    first `N` it logged followed by padding. ``logs.valid[key]`` marks the
+    recorded events, ``logs.count[key]`` counts them, and
+    ``logs.dropped[key]`` counts the events a full buffer dropped: check it,
+    or choose `N` with room to spare. Reductions, `interval` and Arrow
+    conversion (loggers) leave the padding out; ``logs.trim()`` removes it on
+    the host. Padding holds zeros, with :data:`lox.NO_STEP` as its steps.
 
     >>> import jax, jax.numpy as jnp, lox
     >>> def f(xs):
@@ -124,6 +225,15 @@ def spool(
     >>> out, logs = lox.spool(f)(jnp.arange(4))
     >>> int(out), logs["c"].tolist(), logs.step["c"].tolist()
     (6, [0, 1, 3, 6], [0, 1, 2, 3])
+    >>> def halve(n):
+    ...     def body(carry):
+    ...         n, i = carry
+    ...         lox.log({"n": n}, step=i)
+    ...         return n // 2, i + 1
+    ...     return jax.lax.while_loop(lambda c: c[0] > 0, body, (n, 0))[1]
+    >>> steps, logs = lox.spool(halve, max_events=8)(100)
+    >>> int(steps), int(logs.count["n"]), int(logs.dropped["n"]), logs.trim()["n"].tolist()
+    (7, 7, 0, [100, 50, 25, 12, 6, 3, 1])
     """
     chosen = selection(argnames, tags)
     if reduce is not None and reduce not in REDUCTIONS:
@@ -132,26 +242,34 @@ def spool(
         raise ValueError(f"`lox.spool` interval must be an integer >= 1, got {interval!r}.")
     if not isinstance(prefix, str):
         raise TypeError(f"`lox.spool` prefix must be a string, got {prefix!r}.")
-    handler = SpoolHandler(chosen, bool(keep_logs))
+    if max_events is None:
+        handler = SpoolHandler(chosen, bool(keep_logs))
+    else:
+        if isinstance(max_events, bool) or not isinstance(max_events, (int, np.integer)) or max_events < 1:
+            raise ValueError(
+                f"`lox.spool` max_events must be an integer >= 1 (events kept per key and loop), got {max_events!r}."
+            )
+        max_events = int(max_events)
+        handler = BoundedSpoolHandler(chosen, bool(keep_logs), max_events)
 
     def make_impl(get_fun):
         def spooled(*args, **kwargs):
             out, logs = trace_and_interpret(get_fun(), handler, args, kwargs)
             if interval is not None:
-                logs = logs.slice[::interval]
+                logs = logs._every(interval)
             if reduce is not None:
                 logs = logs.reduce(reduce)
             if prefix:
                 logs = logs.prefix(prefix)
-            return out, _SharedOnce(logs, logs.steps)
+            return out, _SharedOnce.of(logs)
 
         return spooled
 
-    config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix)
+    config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix, max_events)
     compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
 
     def call(*args, **kwargs):
         out, shared = compiled(*args, **kwargs)
-        return out, logdict(shared, shared.steps)
+        return out, _plain(shared)
 
     return wraps(fun, call, compiled)

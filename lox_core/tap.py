@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import copy
 import threading
-import contextvars
 from typing import Callable, Iterable
 
 import jax
@@ -15,9 +14,9 @@ import numpy as np
 from lox_core import console
 from lox_core.host import host_call
 from lox_core import buffer as buffering
-from lox_core.interpreter import Handler, in_while_predicate
+from lox_core.interpreter import StatefulHandler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import event_count, logdict
-from lox_core.primitive import vmap_of_cond_message
+from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.spool import selection
 from lox_core.transform import jitted, trace_and_interpret, traced, wraps
 
@@ -48,85 +47,88 @@ _context: contextvars.ContextVar = contextvars.ContextVar("lox_tap_context", def
 
 class _State:
     """What a tap carries through the program it rewrites: the token that
-    chains its host calls (see `lox_core.host`), and the buffers of the loop
-    being buffered, if any."""
+    chains its host calls (see `lox_core.host`), and how the loop being
+    buffered keeps its events: in `buffers` in its carry, or, for a scan
+    whose events can be counted (`collecting`), as the outputs of chunks of
+    iterations, like `lox.spool`'s."""
 
-    __slots__ = ("token", "buffers")
+    __slots__ = ("token", "buffers", "collecting")
 
-    def __init__(self):
+    def __init__(self, buffers: buffering.Buffers | None = None, collecting: bool = False):
         self.token = None
-        self.buffers: buffering.Buffers | None = None
+        self.buffers = buffers
+        self.collecting = collecting
 
 
-class TapHandler(Handler):
+class TapHandler(StatefulHandler):
     guards_branches = True
-    carries = True
     name = "lox.tap"
 
     def __init__(
         self, selection, callback: Callable, prefix: str, with_context: bool = False, batched: bool = False,
-        buffer: int | None = None,
+        buffer: int | None = None, block_callback: Callable | None = None,
     ):
+        super().__init__()
         self.selection = selection
         self.callback = callback
+        # With a context, buffered events go to ``block_callback(batch_ndim, logs, context)``.
+        self.block_callback = block_callback
         self.prefix = prefix
         self.with_context = with_context
         self.batched = batched
         self.buffer = buffer
         # Devices call back from threads of their own (shard_map): one callback at a time.
         self._lock = threading.Lock()
-        self._state: contextvars.ContextVar[_State] = contextvars.ContextVar("lox_tap_state")
 
-    # --- the carried state (see `Handler`) -------------------------------------------
-    @contextlib.contextmanager
-    def session(self, like=None):
-        state = _State()
-        if like is not None and like.buffers is not None:
-            state.buffers = copy.copy(like.buffers)  # its arrays come with the state resumed
-        token = self._state.set(state)
-        try:
-            yield
-        finally:
-            self._state.reset(token)
-
-    def snapshot(self):
-        # A copy: the loop's buffers are dropped from the live state when it ends.
-        like = _State()
-        like.buffers = copy.copy(self._state.get().buffers)
-        return like
+    # --- the carried state (see `StatefulHandler`) -------------------------------------
+    def fresh_state(self, like=None):
+        # The buffers' arrays come with the state resumed; copied, since a loop's end drops them.
+        if like is None:
+            return _State()
+        return _State(copy.copy(like.buffers), like.collecting)
 
     def _token(self):
-        state = self._state.get()
+        state = self.state
         if state.token is None:
             state.token = jnp.zeros((), jnp.int32)
         return state.token
 
     def carry(self):
-        state = self._state.get()
+        state = self.state
         token = self._token()
         return (token,) if state.buffers is None else (token, state.buffers.carry())
 
     def resume(self, carried) -> None:
-        state = self._state.get()
+        state = self.state
         state.token = carried[0]
         if len(carried) > 1:
             state.buffers.resume(carried[1])
 
     def can_enter_shard_map(self) -> bool:
-        return self._state.get().buffers is None
+        return self.state.buffers is None and not self.state.collecting
 
-    def enter_loop(self, jaxpr):
-        state = self._state.get()
-        if self.buffer is None or state.buffers is not None:
-            return False  # unbuffered, or inside a loop that buffers already
-        kinds = buffering.kinds_in(self.selection, getattr(jaxpr, "jaxpr", jaxpr))
+    def enter_loop(self, eqn, body):
+        state = self.state
+        if self.buffer is None or state.buffers is not None or state.collecting:
+            return None  # unbuffered, or inside a loop that buffers already
+        body = getattr(body, "jaxpr", body)
+        kinds = buffering.kinds_in(self.selection, body)
         if not kinds:
-            return False
+            return None
+        buffering.check_one_shape_per_key(kinds)
+        # A scan that logs the same events in every iteration (its conds log
+        # alike in each branch, no while loop inside logs) keeps them as the
+        # outputs of chunks of about `buffer` events, each sent when it ends:
+        # what `lox.spool` costs, plus a host call per chunk.
+        if (eqn.primitive.name == "scan" and buffering.appends(self.selection, body, scans=True)
+                and buffering.conds_log_alike(self.selection, body)):
+            state.collecting = True
+            return "collect"
         state.buffers = buffering.Buffers(kinds, self.buffer)
-        return True
+        return "buffers"
 
     def end_iteration(self) -> None:
-        buffers = self._state.get().buffers
+        buffers = self.state.buffers
         if buffers is not None:
             buffers.commit()
             self._send_when(buffers.n >= buffers.size)
@@ -134,58 +136,112 @@ class TapHandler(Handler):
     def chunk_length(self, body, length: int) -> int | None:
         # A scan that logs a known number of events per iteration sends after
         # each chunk of about `buffer` events: no test in every iteration.
-        per_iteration = buffering.appends(self.selection, getattr(body, "jaxpr", body))
+        per_iteration = buffering.appends(self.selection, getattr(body, "jaxpr", body), scans=self.state.collecting)
         if not per_iteration:  # a loop inside logs: as many events as it runs
             return None
         return max(1, min(length, self.buffer // sum(per_iteration.values())))
 
-    def end_chunk(self) -> None:
-        buffers = self._state.get().buffers
+    def end_chunk(self, logs) -> None:
+        if self.state.collecting:
+            self._send_logs(logs)
+            return
+        buffers = self.state.buffers
         buffers.commit()
         self._send_when(None)
 
     def exit_loop(self, entered) -> None:
-        if entered:  # the last, partial buffer
-            buffers = self._state.get().buffers
+        if entered == "collect":
+            self.state.collecting = False
+        elif entered == "buffers":  # the last, partial buffer
+            buffers = self.state.buffers
             buffers.commit()
             self._send_when(buffers.n > 0)
-            self._state.get().buffers = None
+            self.state.buffers = None
 
     def enter_cond(self, branches):
-        buffers = self._state.get().buffers
+        buffers = self.state.buffers
         return None if buffers is None else buffers.plan_cond(self.selection, branches)
 
     def leave_branch(self, plan):
         if plan is None:
             return self.carry()
-        return self._token(), self._state.get().buffers.leave_branch(plan)
+        return self._token(), self.state.buffers.leave_branch(plan)
 
     def exit_cond(self, plan, carried) -> None:
         if plan is None:
             return self.resume(carried)
-        state = self._state.get()
+        state = self.state
         state.token = carried[0]
         state.buffers.exit_cond(plan, carried[1])
 
     def _send_when(self, when) -> None:
-        state = self._state.get()
+        state = self.state
         buffers = state.buffers
         kinds, prefix, callback, lock = buffers.kinds, self.prefix, self.callback, self._lock
+        context, block_callback = self._context(buffers.kinds[0].keys), self.block_callback
 
-        def deliver(batch_ndim, when, counts, arrays):
+        def deliver(batch_ndim, when, counts, arrays, context):
+            elements = None if block_callback is None else buffering.elements(batch_ndim, np.shape(when), context)
             with lock:
-                for block in buffering.blocks(kinds, prefix, batch_ndim, when, counts, arrays):
+                for e, block in buffering.blocks(kinds, prefix, batch_ndim, when, counts, arrays):
+                    if block_callback is None:
+                        callback(block)
+                    else:  # one element's events, routed with its context
+                        block_callback(0, block, elements[e])
+
+        def send(token, when, counts, arrays):
+            return host_call(deliver, when, counts, arrays, context, token=token)
+
+        state.token = buffers.send_when(when, self._token(), send)
+
+    def _context(self, keys):
+        """The routing context of `tap_with_context` (None for `lox.tap`)."""
+        if not self.with_context:
+            return None
+        context = _context.get()
+        if context is None:
+            # JAX traces custom_jvp/custom_vjp rules lazily, after the tapped call returned.
+            raise NotImplementedError(
+                f"a logger's tap cannot route the event with keys {', '.join(map(repr, keys))} to its run: it is "
+                "logged in a jax.custom_jvp / custom_vjp function that is being differentiated, whose rules JAX "
+                "traces after `logger.tap` returned. Log outside the custom function, or use `logger.spool`."
+            )
+        return context
+
+    def _send_logs(self, logs: logdict) -> None:
+        """Send a chunk's logs (each key's events in program order), one
+        logdict per vmap element."""
+        callback, lock = self.callback, self._lock
+        if self.prefix:
+            logs = logs.prefix(self.prefix)
+        leaves, tree = jax.tree_util.tree_flatten(logs)
+        unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
+        context, block_callback = self._context(list(logs)), self.block_callback
+
+        def deliver(batch_ndim, unique, context):
+            if block_callback is not None:  # all elements at once, routed by the context
+                block = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
+                with lock:
+                    block_callback(batch_ndim, block, context)
+                return
+            batch_shape = np.shape(unique[0])[:batch_ndim]
+            for index in np.ndindex(batch_shape):
+                # Copies: the host call's arrays may be buffers that XLA reuses.
+                mine = [np.array(x[index]) for x in unique]
+                block = jax.tree_util.tree_unflatten(tree, [mine[i] for i in where])
+                with lock:
                     callback(block)
 
-        send = lambda token, when, counts, arrays: host_call(deliver, when, counts, arrays, token=token)  # noqa: E731
-        state.token = buffers.send_when(when, self._token(), send)
+        self.state.token = host_call(deliver, unique, context, token=self._token())
 
     # --- events ----------------------------------------------------------------------
     def on_log(self, site, values, steps, active):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
-        state = self._state.get()
+        state = self.state
+        if state.collecting:
+            return event_logdict(values, steps, expand=single_event)
         if state.buffers is not None:
             self._buffer(site, keys, values, steps, active)
             return None
@@ -242,14 +298,7 @@ class TapHandler(Handler):
                     }
                     callback(logdict._trusted(data, {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e)}))
 
-        context = _context.get() if with_context else None
-        if with_context and context is None:
-            # JAX traces custom_jvp/custom_vjp rules lazily, after the tapped call returned.
-            raise NotImplementedError(
-                f"a logger's tap cannot route the event with keys {', '.join(map(repr, keys))} to its run: it is "
-                "logged in a jax.custom_jvp / custom_vjp function that is being differentiated, whose rules JAX "
-                "traces after `logger.tap` returned. Log outside the custom function, or use `logger.spool`."
-            )
+        context = self._context(keys)
         state.token = host_call(
             deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token()
         )
@@ -272,7 +321,7 @@ class TapHandler(Handler):
             )
         kind = buffering.kind_of(keys, values, steps)
         leaves = [x for k in keys for x in jax.tree_util.tree_leaves(values[k])]
-        self._state.get().buffers.append(kind, leaves, list(steps.values()), active)
+        self.state.buffers.append(kind, leaves, list(steps.values()), active)
 
 
 def tap(
@@ -306,14 +355,18 @@ def tap(
     callback per event however many elements there are.
 
     With ``buffer=K``, events logged inside a loop (`scan`, `while_loop`,
-    `fori_loop`) stay on device, in buffers the loop carries, and cross to the
-    host once per `K` events, and once more with the rest when the loop ends:
-    `callback` then gets those events at once, one logdict holding each key's
-    events in program order with their steps (under `vmap`, one per element).
-    Events outside loops are delivered one by one as without `buffer`. Nothing
-    is lost or delivered twice: concatenating what `callback` received gives
-    the spooled logs. That costs one host call per `K` events instead of one
-    per event; in a buffered loop, each key keeps one shape and dtype.
+    `fori_loop`) stay on device and cross to the host once per `K` events
+    (about `K` for a scan: whole iterations), and once more with the rest when
+    the loop ends: `callback` then gets those events at once, one logdict
+    holding each key's events in program order with their steps (under
+    `jax.vmap(lox.tap(...))`, one per element, in the same call). Events
+    outside loops are delivered one by one as without `buffer`. Nothing is
+    lost or delivered twice: concatenating what `callback` received gives the
+    events an unbuffered tap delivers. A scan that logs the same events in
+    every iteration runs in chunks whose logs leave as `spool`'s do, so it
+    costs what spooling costs plus one host call per chunk; other loops carry
+    the buffer and test after each iteration whether it is full. In a
+    buffered loop, each key keeps one shape and dtype.
 
     Host calls are put in order by data dependency (each returns a token the
     next one takes), not by an ordered effect, so a tapped function runs on
@@ -346,15 +399,7 @@ def tap(
     """
     if batched and callback is None:
         raise TypeError("`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events.")
-    if buffer is not None:
-        if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
-            raise ValueError(f"`lox.tap` buffer must be an integer >= 1 (events per host call), got {buffer!r}.")
-        if batched:
-            raise TypeError(
-                "`lox.tap` takes `buffer` or `batched=True`, not both: a buffer is delivered per vmap element, "
-                "as one logdict of several events. Drop one of them."
-            )
-        buffer = int(buffer)
+    buffer = _check_buffer(buffer, batched)
     handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched, buffer=buffer)
 
     def make_impl(get_fun):
@@ -375,6 +420,19 @@ def tap(
     return wraps(fun, call, compiled)
 
 
+def _check_buffer(buffer, batched: bool) -> int | None:
+    if buffer is None:
+        return None
+    if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
+        raise ValueError(f"`lox.tap` buffer must be an integer >= 1 (events per host call), got {buffer!r}.")
+    if batched:
+        raise TypeError(
+            "`lox.tap` takes `buffer` or `batched=True`, not both: a buffer is delivered per vmap element, "
+            "as one logdict of several events. Drop one of them."
+        )
+    return int(buffer)
+
+
 def tap_with_context(
     fun: Callable,
     callback: Callable[[logdict, object], None],
@@ -383,6 +441,8 @@ def tap_with_context(
     tags: Iterable[str] | None = None,
     prefix: str = "",
     wait: bool = True,
+    buffer: int | None = None,
+    block_callback: Callable | None = None,
     static_argnums=(),
     static_argnames=(),
 ) -> Callable:
@@ -396,8 +456,16 @@ def tap_with_context(
     branch). Loggers route events to runs this way. With ``wait=False`` an
     eager call returns without waiting for its callbacks (`jax.effects_barrier`
     waits for them).
+
+    With ``buffer=K`` (as in `tap`), the events of loops reach
+    ``block_callback(batch_ndim, logs, context)`` instead, several at a time:
+    `logs` as spooled logs are, with the batch axes in front.
     """
-    handler = TapHandler(selection(argnames, tags), callback, prefix, with_context=True)
+    buffer = _check_buffer(buffer, batched=False)
+    if buffer is not None and block_callback is None:
+        raise TypeError("`tap_with_context(..., buffer=K)` needs a `block_callback` for the buffered events.")
+    handler = TapHandler(selection(argnames, tags), callback, prefix, with_context=True, buffer=buffer,
+                         block_callback=block_callback)
 
     def make_impl(get_fun):
         def tapped(context, *args, **kwargs):
@@ -409,7 +477,7 @@ def tap_with_context(
 
         return tapped
 
-    config = ("tap_with_context", handler.selection, callback, prefix)
+    config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
     # `context` comes first: the positions of static arguments shift by one.
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)

@@ -273,3 +273,35 @@ def test_a_while_loop_with_a_batched_predicate_inside_the_tap_is_refused():
     blocks = []
     jax.vmap(lox.tap(f, blocks.append, buffer=4))(jnp.array([2, 3]))  # vmap outside works
     assert [b["i"].tolist() for b in blocks] == [[0, 1], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_logger_tap_with_a_buffer_writes_every_seed_s_events(tmp_path, loop):
+    def f(xs):
+        if loop == "scan":
+            return running_sum(xs)
+
+        def body(carry):  # a while loop: events kept in buffers carried by the loop
+            c, i = carry
+            c = c + xs[i]
+            lox.log({"c": c, "v": jnp.stack([c, -c])}, step=xs[i])
+            return c, i + 1
+
+        return jax.lax.while_loop(lambda carry: carry[1] < xs.shape[0], body, (0, 0))[0]
+
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+    xs = jnp.arange(30).reshape(3, 10)
+    runs = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
+    out = jax.vmap(lambda run, x: logger.tap(f, run, buffer=4)(x))(runs, xs)
+    np.testing.assert_array_equal(out, np.asarray(xs).sum(1))
+    logger.finish(runs)
+    logger.close()
+    saved = lox.load(str(tmp_path))
+    assert len(saved) == 3
+    by_first_step = {int(logs.step["c"][0]): logs for logs in saved.values()}
+    for e in range(3):
+        logs = by_first_step[int(xs[e, 0])]
+        expected = np.cumsum(np.asarray(xs[e]))
+        np.testing.assert_array_equal(logs["c"], expected)
+        np.testing.assert_array_equal(logs["v"], np.stack([expected, -expected], 1))
+        np.testing.assert_array_equal(logs.step["v"], np.asarray(xs[e]))
