@@ -1,8 +1,9 @@
 """Live monitoring: follow a run while it runs, with `lox.tap`.
 
 Gradient descent runs in a `jax.lax.while_loop` until the gradient is small: the
-number of steps is not known in advance, so `lox.spool` cannot collect its logs,
-but `lox.tap` streams them to the host as they happen. A `jax.lax.cond` logs
+number of steps is not known in advance, so `lox.spool` could collect its logs only
+into a buffer of fixed size (`max_events`); `lox.tap` streams them to the host as
+they happen. A `jax.lax.cond` logs
 only every 50th step, so the loop makes few host calls. First a callback prints
 the progress; then `logger.tap` streams the same events to the console backend.
 

@@ -150,6 +150,19 @@ def test_scanned_while_loops_with_conds_nested_loops_and_custom_rules_match_tap(
         assert int(logs.count["n"]) == len(kept)
 
 
+def test_vmap_outside_a_scan_of_while_loops_with_conds_matches_each_element_alone():
+    ns = jnp.array([[27, 6, 1, 7], [3, 12, 9, 2]])
+    totals, logs = jax.vmap(lox.spool(program, max_events=64))(ns)
+    for e in range(2):
+        total, alone = lox.spool(program, max_events=64)(ns[e])
+        assert int(totals[e]) == int(total)
+        mine = jax.tree_util.tree_map(lambda x: x[e], logs)
+        for key in alone:
+            np.testing.assert_array_equal(mine.trim()[key], alone.trim()[key], err_msg=key)
+            np.testing.assert_array_equal(mine.count[key], alone.count[key], err_msg=key)
+            np.testing.assert_array_equal(mine.dropped[key], alone.dropped[key], err_msg=key)
+
+
 def test_same_program_without_while_loops_spools_as_without_max_events():
     def f(xs):
         def step(c, x):
