@@ -158,8 +158,8 @@ def buffer():
     for title, logged, by_hand, quick in (
         ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged,
          programs.scan_buffered_by_hand, False),
-        ("a 10,000-step scan of a 256-unit recurrent cell (~10 us per step)", *small, False),
-        ("a 10,000-step scan of a 1024-unit recurrent cell (~100 us per step)", *medium, True),
+        ("a 10,000-step scan of a 256-unit recurrent cell (~2.5 us per step)", *small, False),
+        ("a 10,000-step scan of a 1024-unit recurrent cell (~27 us per step)", *medium, True),
     ):
         _buffer(title, logged, by_hand, quick)
 
@@ -234,7 +234,7 @@ def _buffer(title, logged, by_hand, quick=False):
 def while_loops():
     for title, step in (
         ("the step of `steady` (~0.1 us of work)", programs._step),
-        ("a 256-unit recurrent cell (~10 us per step)", programs.rnn_step),
+        ("a 256-unit recurrent cell (~2.5 us per step)", programs.rnn_step),
     ):
         print(f"Spooled while loop: 10,000 steps of {title}, a scalar and a 64-vector per step, max_events=10,000")
         xs = jnp.linspace(0.0, 1.0, programs.STEPS)
