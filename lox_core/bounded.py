@@ -13,10 +13,12 @@ Each buffer has one slot more than it returns: once the buffer is full, events
 are written there and forgotten, so that an append is one
 dynamic-update-slice whatever the count, with no test.
 
-The mask is the count (``arange(N) < count``) unless a loop in the nest has a
-predicate batched by `jax.vmap` (a vmap inside the spool): then the loop runs
-while any element does, every element's events take the same slots, and a
-stored mask (events × vmap axes) says which elements were running.
+The mask is the count (``arange(N) < count``) unless the key is logged in a
+loop whose predicate is batched by `jax.vmap` (a vmap inside the spool): that
+loop runs while any element does, every element's events take the same slots,
+and a stored mask (events × vmap axes) says which elements were running. (A
+slot is then taken whenever any element logs, so an element may keep fewer
+than `N` events when the others log more.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import _compat
-from lox_core.buffer import check_one_shape_per_key
+from lox_core.buffer import check_one_shape_per_key, kinds_in
 from lox_core.logdict import NO_STEP, logdict
 
 
@@ -43,13 +45,18 @@ class _Group(NamedTuple):
     steps: dict  # step name -> (shape, dtype)
 
 
-def predicate_shape(eqn) -> tuple[int, ...]:
-    """The vmap axes of the batched predicates in a loop nest (() if none)."""
-    shapes = set()
+def batched_loops(selection, eqn) -> tuple[tuple[int, ...], frozenset[str]]:
+    """The vmap axes of the batched predicates in a loop nest (() if none),
+    and the keys logged inside those loops."""
+    shapes, keys = set(), set()
 
     def visit(eqn):
         if eqn.primitive.name == "while":
-            shapes.add(tuple(_compat.while_params(eqn.params).cond_jaxpr.out_avals[0].shape))
+            p = _compat.while_params(eqn.params)
+            shape = tuple(p.cond_jaxpr.out_avals[0].shape)
+            shapes.add(shape)
+            if shape:
+                keys.update(k for kind in kinds_in(selection, p.body_jaxpr.jaxpr) for k in kind.keys)
         for sub in _compat.subjaxprs_of(eqn):
             for inner in getattr(sub, "jaxpr", sub).eqns:
                 visit(inner)
@@ -62,7 +69,7 @@ def predicate_shape(eqn) -> tuple[int, ...]:
             f"batched by different `jax.vmap`s (predicate shapes {sorted(shapes)}). Apply `jax.vmap` outside "
             "`lox.spool`."
         )
-    return shapes.pop() if shapes else ()
+    return (shapes.pop() if shapes else ()), frozenset(keys)
 
 
 class Bounded:
@@ -71,24 +78,25 @@ class Bounded:
     the steps, and (with batched predicates) the mask and the dropped count.
     `carry`/`resume` pass them in and out of loops, branches and functions."""
 
-    def __init__(self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...]):
-        check_one_shape_per_key(kinds, "`lox.spool(..., max_events=N)`", "a bounded loop")
+    def __init__(self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...], masked_keys=frozenset()):
+        check_one_shape_per_key(kinds, "`lox.spool(..., max_events=N)`", "a bounded loop", "spool the loop as a `scan`")
         self.capacity = capacity
-        self.mask_shape = mask_shape
         self.groups = _groups(list(kinds))
         self.group_of = {key: i for i, group in enumerate(self.groups) for key in group.keys}
-        self.state = [self._empty(group) for group in self.groups]
+        # A stored mask for the groups logged in a loop with a batched predicate.
+        self.mask_shapes = [mask_shape if masked_keys.intersection(g.keys) else () for g in self.groups]
+        self.state = [self._empty(group, shape) for group, shape in zip(self.groups, self.mask_shapes)]
 
-    def _empty(self, group: _Group) -> dict:
+    def _empty(self, group: _Group, mask_shape: tuple[int, ...]) -> dict:
         slots = self.capacity + 1  # the last one takes what does not fit
         state = {
             "count": jnp.zeros((), jnp.int32),
             "leaves": tuple(tuple(jnp.zeros((slots, *shape), dtype) for shape, dtype in leaves) for leaves in group.leaves),
             "steps": {name: jnp.full((slots, *shape), NO_STEP, dtype) for name, (shape, dtype) in group.steps.items()},
         }
-        if self.mask_shape:
-            state["mask"] = jnp.zeros((slots, *self.mask_shape), bool)
-            state["dropped"] = jnp.zeros(self.mask_shape, jnp.int32)
+        if mask_shape:
+            state["mask"] = jnp.zeros((slots, *mask_shape), bool)
+            state["dropped"] = jnp.zeros(mask_shape, jnp.int32)
         return state
 
     def carry(self):
@@ -116,8 +124,9 @@ class Bounded:
                 ),
                 "steps": {name: put(b, steps[name]) if name in steps else b for name, b in state["steps"].items()},
             }
-            if self.mask_shape:
-                running = jnp.broadcast_to(jnp.asarray(True if active is None else active), self.mask_shape)
+            mask_shape = self.mask_shapes[i]
+            if mask_shape:
+                running = jnp.broadcast_to(jnp.asarray(True if active is None else active), mask_shape)
                 new["mask"] = put(state["mask"], running)
                 new["dropped"] = state["dropped"] + (running & (count >= self.capacity)).astype(jnp.int32)
             self.state[i] = new
@@ -127,18 +136,20 @@ class Bounded:
         n = self.capacity
         data, steps, valid, totals = {}, {}, {}, {}
         for group, state in zip(self.groups, self.state):
-            if self.mask_shape:
+            if "mask" in state:
                 mask = state["mask"][:n]
                 total = (jnp.sum(mask, axis=0, dtype=jnp.int32), state["dropped"])
+                # What finished elements computed in the slots they did not log: padding, as for the others.
+                cut = lambda b, fill: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (b.ndim - mask.ndim)), b[:n], fill)  # noqa: E731
             else:
                 mask = jnp.arange(n) < state["count"]
                 total = (jnp.minimum(state["count"], n), jnp.maximum(state["count"] - n, 0))
+                cut = lambda b, fill: b[:n]  # noqa: E731
             for key, tree, buffers in zip(group.keys, group.trees, state["leaves"]):
-                data[key] = jax.tree_util.tree_unflatten(tree, [b[:n] for b in buffers])
+                data[key] = jax.tree_util.tree_unflatten(tree, [cut(b, jnp.zeros((), b.dtype)) for b in buffers])
                 valid[key], totals[key] = mask, total
             for name, s in state["steps"].items():
-                cut = s[:n]
-                steps.setdefault(name, {}).update(dict.fromkeys(group.keys, cut))
+                steps.setdefault(name, {}).update(dict.fromkeys(group.keys, cut(s, jnp.asarray(NO_STEP, s.dtype))))
         return logdict(data, steps)._like(data, steps, valid, totals)
 
 

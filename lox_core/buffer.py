@@ -130,9 +130,12 @@ def conds_log_alike(selection, jaxpr) -> bool:
     return True
 
 
-def check_one_shape_per_key(kinds, what: str = "`lox.tap(..., buffer=K)`", where: str = "one loop") -> None:
+def check_one_shape_per_key(
+    kinds, what: str = "`lox.tap(..., buffer=K)`", where: str = "one loop", otherwise: str = "tap without `buffer`"
+) -> None:
     """A buffer holds each key's events in one array, so each key must keep
-    one structure, shape and dtype in the buffered loop."""
+    one structure, shape and dtype in the buffered loop (the error says what
+    the user can do `otherwise`)."""
     seen: dict[str, tuple] = {}
     for kind in kinds:
         leaves = iter(kind.leaves)
@@ -141,11 +144,10 @@ def check_one_shape_per_key(kinds, what: str = "`lox.tap(..., buffer=K)`", where
             other = seen.setdefault(key, mine)
             if other != mine:
                 describe = lambda d: ", ".join(f"{np.dtype(t).name}{list(s)}" for s, t in d[1])  # noqa: E731
-                undo = "tap without `buffer`" if "tap" in what else "spool the loop as a `scan`"
                 raise ValueError(
                     f"{what}: key {key!r} is logged as {describe(other)} and as {describe(mine)} "
                     f"in {where}. A buffer holds each key's events in one array, so a key must keep one "
-                    f"shape and dtype there: log the other values under another key, or {undo}."
+                    f"shape and dtype there: log the other values under another key, or {otherwise}."
                 )
 
 

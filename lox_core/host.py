@@ -11,10 +11,16 @@ refuses for programs on more than one device. A *chained* call takes an
 integer token and returns the next one, so the next call, which takes that
 token, runs after it: order by data dependency, which any number of devices
 allows (`lox.tap` chains its calls). The token counts the calls that ran.
+
+Separate chains are in no order with respect to each other, so each traced
+function keeps one chain for all the tapped functions it calls
+(`chain_start`, `chain_end`): their host calls run in the order the
+functions are called.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -143,3 +149,23 @@ def _jvp(primals, tangents, **params):
 
 
 ad.primitive_jvps[host_call_p] = _jvp
+
+
+# The last token of the chained calls made on each trace (a traced function,
+# a loop body, a vmap): the next tapped function called there goes on from it.
+_chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def chain_start(traced: bool):
+    """The token a tapped function called now starts from: the one the last
+    tapped function called on the current trace returned (0 if none, or if
+    nothing is `traced`: an eager call runs alone, and waits for its calls)."""
+    if not traced:
+        return np.int32(0)
+    return _chains.get(_compat.current_trace(), np.int32(0))
+
+
+def chain_end(traced: bool, token) -> None:
+    """Record the token a tapped function called now returned."""
+    if traced:
+        _chains[_compat.current_trace()] = token

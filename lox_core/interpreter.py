@@ -98,8 +98,11 @@ class Handler:
         what `exit_loop` needs."""
         return None
 
-    def end_iteration(self) -> None:
-        """At the end of each loop iteration."""
+    def end_iteration(self, active) -> None:
+        """At the end of each loop iteration. `active` (None: always) says
+        whether the iteration really ran: under `vmap` a loop or branch runs
+        for elements that finished it or did not take it, and what they
+        compute is then thrown away, so a handler must not act on it."""
 
     def chunk_length(self, body, length: int) -> int | None:
         """For a scan the handler just entered: run it in chunks of this many
@@ -107,12 +110,14 @@ class Handler:
         after every iteration (None: one loop, as it is)."""
         return None
 
-    def end_chunk(self, logs: logdict) -> None:
-        """After each chunk of a scan run in chunks, with the chunk's logs."""
+    def end_chunk(self, logs: logdict, active) -> None:
+        """After each chunk of a scan run in chunks, with the chunk's logs
+        (`active` as in `end_iteration`)."""
 
-    def exit_loop(self, entered) -> logdict | None:
+    def exit_loop(self, entered, active) -> logdict | None:
         """After the loop, with its final state resumed; the logs the loop
-        returns, if the handler kept them in its state."""
+        returns, if the handler kept them in its state (`active` as in
+        `end_iteration`)."""
         return None
 
     def enter_cond(self, branches):
@@ -182,7 +187,10 @@ def canonical(logs: logdict) -> logdict:
     the same things in another order produce the same pytree."""
     keys = sorted(logs)
     steps = {n: {k: logs.steps[n][k] for k in keys if k in logs.steps[n]} for n in sorted(logs.steps)}
-    return logdict({k: logs[k] for k in keys}, steps)
+    # With the padding masks and counts of bounded loops (`max_events`), also sorted.
+    valid = {k: logs._valid[k] for k in keys if k in logs._valid}
+    totals = {k: logs._totals[k] for k in keys if k in logs._totals}
+    return logs._like({k: logs[k] for k in keys}, steps, valid, totals)
 
 
 # --- single events ---------------------------------------------------------------------
@@ -379,12 +387,14 @@ def scan_rule(handler, eqn, invals, active):
     else:
         carry, ys = _chunked_scan(handler, p, consts, init, xs, active, chunk)
         logs = logdict()
-    more = handler.exit_loop(entered)
+    more = handler.exit_loop(entered, active)
     return [*carry, *ys], logs if more is None else concat([logs, more])
 
 
-def _scan(handler, p, consts, init, xs, active, length: int):
-    """`p`'s scan over `length` iterations of `xs`, interpreted: (carry, ys, logs)."""
+def _scan(handler, p, consts, init, xs, active, length: int, chunked: bool = False):
+    """`p`'s scan over `length` iterations of `xs`, interpreted: (carry, ys,
+    logs). A `chunked` one is a chunk of `_chunked_scan`: the handler acts at
+    its end, not after every iteration."""
     body_fun = _interpreted(handler, p.jaxpr, active)
     layout: list = []
     carries = handler.carries
@@ -403,7 +413,8 @@ def _scan(handler, p, consts, init, xs, active, length: int):
             _expansions.reset(token)
         new_carry = outs[: p.num_carry]
         if carries:
-            handler.end_iteration()
+            if not chunked:
+                handler.end_iteration(active)
             new_carry = (new_carry, handler.carry())
         # Event counts (of bounded loops inside) are summed, not stacked.
         logs, totals = _without_totals(logs)
@@ -450,10 +461,13 @@ def _chunked_scan(handler, p, consts, init, xs, active, chunk: int):
 
     def run_chunk(carry, xs_chunk, length):
         handler.resume(carry[1])
-        carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length)
-        handler.end_chunk(logs)
+        carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length, chunked=True)
+        handler.end_chunk(logs, active)
         return (carry, handler.carry()), ys
 
+    if p.length == 0:  # no chunk to run
+        carry, ys, _ = _scan(handler, p, consts, init, xs, active, 0)
+        return carry, ys
     full, rest = divmod(p.length, chunk)
     # The iterations of the full chunks, then the rest, in execution order
     # (a reverse scan runs from the end: its rest is at the front).
@@ -592,8 +606,10 @@ def while_rule(handler, eqn, invals, active):
         if carries:
             carry, state = carry
             handler.resume(state)
-            return body(carry), _end_iteration(handler)
-        return body(carry)
+            new, guard = body(carry)
+            handler.end_iteration(guard)
+            return new, handler.carry()
+        return body(carry)[0]
 
     def body(carry):
         guard = active
@@ -605,13 +621,13 @@ def while_rule(handler, eqn, invals, active):
         new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
         if batched_pred:
             new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
-        return new
+        return new, guard
 
     if not carries:
         return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
     outs, state = jax.lax.while_loop(cond_fun, body_fun, (list(init), state))
     handler.resume(state)
-    return outs, handler.exit_loop(entered)
+    return outs, handler.exit_loop(entered, active)
 
 
 _predicate: contextvars.ContextVar[bool] = contextvars.ContextVar("lox_in_predicate", default=False)
@@ -629,11 +645,6 @@ def _in_predicate(value: bool):
 def in_while_predicate() -> bool:
     """Whether the log being handled sits in a `while_loop`'s predicate."""
     return _predicate.get()
-
-
-def _end_iteration(handler):
-    handler.end_iteration()
-    return handler.carry()
 
 
 rules["while"] = while_rule

@@ -227,6 +227,10 @@ class logdict(dict):
         totals = {rename[k]: self._totals[k] for k in keys if k in self._totals}
         return self._like({rename[k]: self[k] for k in keys}, steps, valid, totals)
 
+    def _in_my_order(self, other: logdict) -> logdict:
+        """`other` (this one's keys, transformed) with the keys in this one's order."""
+        return other._select(list(self), {k: k for k in self})
+
     @property
     def slice(self) -> _Slicer:
         """Slice every series along its event axis: ``logs.slice[::10]``."""
@@ -247,7 +251,7 @@ class logdict(dict):
         padded = self.filter(lambda k, _: k in self._valid)
         ranks = {k: jnp.cumsum(m, axis=0) - 1 for k, m in padded._valid.items()}
         padded._valid = {k: m & (ranks[k] % n == 0) for k, m in padded._valid.items()}
-        return plain | padded._recounted()
+        return self._in_my_order(plain | padded._recounted())
 
     def reduce(self, mode: str) -> logdict:
         """Reduce every series over its events to a series of one event.
@@ -260,7 +264,7 @@ class logdict(dict):
             raise ValueError(f"unknown reduce mode {mode!r}: use one of {', '.join(REDUCTIONS)}.")
         if self._valid:  # padded keys: the recorded events only
             plain = self.filter(lambda k, _: k not in self._valid).reduce(mode)
-            return plain | _reduce_padded(self.filter(lambda k, _: k in self._valid), mode)
+            return self._in_my_order(plain | _reduce_padded(self.filter(lambda k, _: k in self._valid), mode))
         if mode in ("first", "last"):
             return self.slice[:1] if mode == "first" else self.slice[-1:]
         op = {"mean": jnp.mean, "sum": jnp.sum, "min": jnp.min, "max": jnp.max}[mode]

@@ -115,10 +115,10 @@ class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
         kinds = kinds_in(self.selection, getattr(body, "jaxpr", body))
         if not kinds:
             return False
-        state.buffers = bounded.Bounded(kinds, self.max_events, bounded.predicate_shape(eqn))
+        state.buffers = bounded.Bounded(kinds, self.max_events, *bounded.batched_loops(self.selection, eqn))
         return True
 
-    def exit_loop(self, entered):
+    def exit_loop(self, entered, active):
         if not entered:
             return None
         logs = self.state.buffers.logs()
@@ -129,6 +129,8 @@ class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
         buffers = self.state.buffers
         if buffers is None:
             return super().on_log(site, values, steps, active)
+        if site.in_select:
+            raise ValueError(vmap_of_cond_message(site, "spooled"))
         if in_while_predicate():
             self._refuse_in_predicate(list(values))
         buffers.append(values, steps, active)
@@ -214,6 +216,11 @@ def spool(
     or choose `N` with room to spare. Reductions, `interval` and Arrow
     conversion (loggers) leave the padding out; ``logs.trim()`` removes it on
     the host. Padding holds zeros, with :data:`lox.NO_STEP` as its steps.
+    Under a `jax.vmap` inside the spool, a while loop whose predicate is
+    batched runs until every element is done, and an event takes the same
+    slot in every element (padding where an element did not log it): an
+    element may then keep fewer than `N` events when others log more. Apply
+    `vmap` outside (``jax.vmap(lox.spool(f, max_events=N))``) for `N` per element.
 
     >>> import jax, jax.numpy as jnp, lox
     >>> def f(xs):

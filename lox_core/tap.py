@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import console
-from lox_core.host import host_call
+from lox_core.host import chain_end, chain_start, host_call
 from lox_core import buffer as buffering
 from lox_core.interpreter import StatefulHandler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import event_count, logdict
@@ -127,11 +127,11 @@ class TapHandler(StatefulHandler):
         state.buffers = buffering.Buffers(kinds, self.buffer)
         return "buffers"
 
-    def end_iteration(self) -> None:
+    def end_iteration(self, active) -> None:
         buffers = self.state.buffers
         if buffers is not None:
             buffers.commit()
-            self._send_when(buffers.n >= buffers.size)
+            self._send_when(_both(buffers.n >= buffers.size, active))
 
     def chunk_length(self, body, length: int) -> int | None:
         # A scan that logs a known number of events per iteration sends after
@@ -141,21 +141,24 @@ class TapHandler(StatefulHandler):
             return None
         return max(1, min(length, self.buffer // sum(per_iteration.values())))
 
-    def end_chunk(self, logs) -> None:
+    # Under `vmap`, an element that finished a while loop (or did not take a
+    # branch) still runs it on values that are thrown away: `active` is false
+    # there, and it sends nothing (its events were, or will be, sent).
+    def end_chunk(self, logs, active) -> None:
         if self.state.collecting:
-            self._send_logs(logs)
+            self._send_logs(logs, active)
             return
         buffers = self.state.buffers
         buffers.commit()
-        self._send_when(None)
+        self._send_when(active)
 
-    def exit_loop(self, entered) -> None:
+    def exit_loop(self, entered, active) -> None:
         if entered == "collect":
             self.state.collecting = False
         elif entered == "buffers":  # the last, partial buffer
             buffers = self.state.buffers
             buffers.commit()
-            self._send_when(buffers.n > 0)
+            self._send_when(_both(buffers.n > 0, active))
             self.state.buffers = None
 
     def enter_cond(self, branches):
@@ -208,9 +211,9 @@ class TapHandler(StatefulHandler):
             )
         return context
 
-    def _send_logs(self, logs: logdict) -> None:
+    def _send_logs(self, logs: logdict, when) -> None:
         """Send a chunk's logs (each key's events in program order), one
-        logdict per vmap element."""
+        logdict per vmap element, of the elements where `when` (all if None)."""
         callback, lock = self.callback, self._lock
         if self.prefix:
             logs = logs.prefix(self.prefix)
@@ -218,21 +221,28 @@ class TapHandler(StatefulHandler):
         unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
         context, block_callback = self._context(list(logs)), self.block_callback
 
-        def deliver(batch_ndim, unique, context):
-            if block_callback is not None:  # all elements at once, routed by the context
+        def deliver(batch_ndim, unique, when, context):
+            batch_shape = np.shape(unique[0])[:batch_ndim]
+            sending = np.broadcast_to(True if when is None else when, batch_shape)
+            if block_callback is not None and sending.all():  # all elements at once, routed by the context
                 block = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
                 with lock:
                     block_callback(batch_ndim, block, context)
                 return
-            batch_shape = np.shape(unique[0])[:batch_ndim]
-            for index in np.ndindex(batch_shape):
+            contexts = None if block_callback is None else buffering.elements(batch_ndim, batch_shape, context)
+            for e, index in enumerate(np.ndindex(batch_shape)):
+                if not sending[index]:
+                    continue
                 # Copies: the host call's arrays may be buffers that XLA reuses.
                 mine = [np.array(x[index]) for x in unique]
                 block = jax.tree_util.tree_unflatten(tree, [mine[i] for i in where])
                 with lock:
-                    callback(block)
+                    if block_callback is None:
+                        callback(block)
+                    else:
+                        block_callback(0, block, contexts[e])
 
-        self.state.token = host_call(deliver, unique, context, token=self._token())
+        self.state.token = host_call(deliver, unique, when, context, token=self._token())
 
     # --- events ----------------------------------------------------------------------
     def on_log(self, site, values, steps, active):
@@ -324,6 +334,10 @@ class TapHandler(StatefulHandler):
         self.state.buffers.append(kind, leaves, list(steps.values()), active)
 
 
+def _both(a, b):
+    return a if b is None else jnp.logical_and(a, b)
+
+
 def tap(
     fun: Callable,
     callback: Callable[[logdict], None] | None = None,
@@ -369,8 +383,9 @@ def tap(
     buffered loop, each key keeps one shape and dtype.
 
     Host calls are put in order by data dependency (each returns a token the
-    next one takes), not by an ordered effect, so a tapped function runs on
-    several devices: under a sharded `jax.jit` the callback runs once per
+    next one takes), not by an ordered effect; tapped functions called one
+    after another in a traced function share that chain, so their events
+    arrive in call order. A tapped function runs on several devices: under a sharded `jax.jit` the callback runs once per
     event with the whole arrays; inside `jax.shard_map`, once per device with
     that device's values, each device's events in program order.
 
@@ -403,21 +418,31 @@ def tap(
     handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched, buffer=buffer)
 
     def make_impl(get_fun):
-        def tapped(*args, **kwargs):
-            return trace_and_interpret(get_fun(), handler, args, kwargs)[0]
+        def tapped(token, *args, **kwargs):
+            out, _, (token, *_) = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
+            return out, token
 
         return tapped
 
     config = ("tap", handler.selection, callback, prefix, batched, buffer)
-    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
+    compiled = jitted(fun, config, make_impl, _after_token(static_argnums, 1), static_argnames)
 
     def call(*args, **kwargs):
-        out = compiled(*args, **kwargs)
-        if not traced((args, kwargs)):
+        inside = traced((args, kwargs))
+        out, token = compiled(chain_start(inside), *args, **kwargs)
+        chain_end(inside, token)
+        if not inside:
             jax.effects_barrier()  # deliver every event before returning
         return out
 
-    return wraps(fun, call, compiled)
+    return wraps(fun, call, compiled, lead=lambda: (chain_start(False),))
+
+
+def _after_token(static_argnums, leading: int) -> tuple:
+    """The positions of static arguments once `leading` arguments come first."""
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    return tuple(i + leading if i >= 0 else i for i in static_argnums)
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:
@@ -468,26 +493,26 @@ def tap_with_context(
                          block_callback=block_callback)
 
     def make_impl(get_fun):
-        def tapped(context, *args, **kwargs):
-            token = _context.set(context)
+        def tapped(token, context, *args, **kwargs):
+            reset = _context.set(context)
             try:
-                return trace_and_interpret(get_fun(), handler, args, kwargs)[0]
+                out, _, (token, *_) = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
+                return out, token
             finally:
-                _context.reset(token)
+                _context.reset(reset)
 
         return tapped
 
     config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
-    # `context` comes first: the positions of static arguments shift by one.
-    if isinstance(static_argnums, int):
-        static_argnums = (static_argnums,)
-    shifted = tuple(i + 1 if i >= 0 else i for i in static_argnums)
-    compiled = jitted(fun, config, make_impl, shifted, static_argnames)
+    # The token and `context` come first: the positions of static arguments shift by two.
+    compiled = jitted(fun, config, make_impl, _after_token(static_argnums, 2), static_argnames)
 
     def call(context, *args, **kwargs):
-        out = compiled(context, *args, **kwargs)
-        if wait and not traced((context, args, kwargs)):
+        inside = traced((context, args, kwargs))
+        out, token = compiled(chain_start(inside), context, *args, **kwargs)
+        chain_end(inside, token)
+        if wait and not inside:
             jax.effects_barrier()
         return out
 
-    return wraps(fun, call, compiled)  # holds `fun`, which the cache refers to weakly
+    return wraps(fun, call, compiled, lead=lambda: (chain_start(False),))  # holds `fun`, which the cache refers to weakly

@@ -17,8 +17,11 @@ def traced(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict) -> tuple[Any, logdict]:
-    """Run `fun(*args, **kwargs)` on the current trace with its logs handled."""
+def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict, carried=None):
+    """Run `fun(*args, **kwargs)` on the current trace with its logs handled:
+    ``(out, logs)``. For a handler that carries state, `carried` (if given) is
+    the state to start from, and the state at the end comes back too:
+    ``(out, logs, carried)``."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     # Under jit every array argument is a tracer; anything else is a static value.
     dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
@@ -32,8 +35,11 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
 
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[leaves[i] for i in dynamic])
     with handler.session():
+        if carried is not None:
+            handler.resume(carried)
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs), logs
+        out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
+        return (out, logs) if carried is None else (out, logs, handler.carry())
 
 
 # id(fun) → (weak reference to fun, {config: jitted}). Keyed by identity, not
@@ -74,18 +80,19 @@ def _hashable(x):
     return x
 
 
-def wraps(fun: Callable, call: Callable, compiled) -> Callable:
-    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`."""
+def wraps(fun: Callable, call: Callable, compiled, lead: Callable = lambda: ()) -> Callable:
+    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`
+    (which pass ``lead()`` before the user's arguments, as `call` does)."""
 
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):
         return call(*args, **kwargs)
 
     def lower(*args, **kwargs):
-        return compiled.lower(*args, **kwargs)
+        return compiled.lower(*lead(), *args, **kwargs)
 
     def trace(*args, **kwargs):
-        return compiled.trace(*args, **kwargs)
+        return compiled.trace(*lead(), *args, **kwargs)
 
     # `compiled` holds `fun` only weakly (see `jitted`); all three hold it
     # (`functools.wraps` set the wrapper's), so that `lox.spool(f).lower(x)` works.

@@ -360,3 +360,83 @@ def test_under_jit_and_with_jvp():
     (out, logs), (dout, _) = jax.jvp(lambda x: spooled(x, 4), (0.5,), (1.0,))
     np.testing.assert_allclose(dout, jax.jvp(lambda x: lox.nolog(f)(x, 4), (0.5,), (1.0,))[1], rtol=1e-6)
     np.testing.assert_allclose(logs.trim()["x"], xs, rtol=1e-6)
+
+
+def test_a_cond_that_vmap_turns_into_a_select_is_refused_inside_a_bounded_loop():
+    def f(x, n):
+        def body(carry):
+            i, s = carry
+            jax.lax.cond(x > 0, lambda: (lox.log({"pos": s}), None)[1], lambda: None)
+            return i + 1, s + x
+
+        return jax.lax.while_loop(lambda carry: carry[0] < n, body, (0, 0.0))[1]
+
+    with pytest.raises(ValueError, match=r"lox.log of 'pos' sits in a `jax.lax.cond`/`switch` whose predicate is batched"):
+        lox.spool(jax.vmap(f, (0, None)), max_events=5)(jnp.array([1.0, -1.0]), 3)
+    # Applied outside, each element spools the branch it took.
+    _, logs = jax.vmap(lox.spool(f, max_events=5), (0, None))(jnp.array([1.0, -1.0]), 3)
+    np.testing.assert_array_equal(logs.count["pos"], [3, 0])
+    np.testing.assert_array_equal(logs["pos"][0, :3], [0.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("x, n", [(1.0, 6), (-1.0, 2), (1.0, 0)])
+def test_while_loops_in_cond_branches_keep_their_counts_and_padding(x, n):
+    def f(x, n):
+        def loop(sign):
+            def run():
+                def body(carry):
+                    i, s = carry
+                    lox.log({"s": sign * s}, step=i)
+                    return i + 1, s + x
+
+                return jax.lax.while_loop(lambda carry: carry[0] < n, body, (0, 0.0))[1]
+
+            return run
+
+        return jax.lax.cond(x > 0, loop(1.0), loop(-1.0))
+
+    _, logs = lox.spool(f, max_events=4)(x, n)
+    sign = 1.0 if x > 0 else -1.0
+    expected = [sign * x * i for i in range(n)]
+    assert int(logs.count["s"]) == min(n, 4) and int(logs.dropped["s"]) == max(n - 4, 0)
+    np.testing.assert_array_equal(logs.trim()["s"], expected[:4])
+    np.testing.assert_array_equal(logs.trim().step["s"], np.arange(min(n, 4)))
+
+
+def test_keys_outside_a_vmapped_inner_loop_are_padded_by_count():
+    # `outer` is logged by the scalar loop, `inner` by a loop vmapped inside it:
+    # only `inner` has a mask per element, and both reduce over their own events.
+    def f(ns):
+        def body(carry):
+            i, s = carry
+            lox.log({"outer": s}, step=i)
+
+            def inner(n):
+                def inner_body(carry):
+                    j, t = carry
+                    lox.log({"inner": t}, step=j)
+                    return j + 1, t + 1.0
+
+                return jax.lax.while_loop(lambda carry: carry[0] < n, inner_body, (0, 0.0))[1]
+
+            return i + 1, s + jax.vmap(inner)(ns).sum()
+
+        return jax.lax.while_loop(lambda carry: carry[0] < 3, body, (0, 0.0))[1]
+
+    out, logs = lox.spool(f, max_events=8)(jnp.array([1, 3]))
+    assert float(out) == 12.0
+    assert logs.valid["outer"].shape == (8,) and logs.valid["inner"].shape == (8, 2)
+    np.testing.assert_array_equal(logs.filter(lambda k, _: k == "outer").trim()["outer"], [0.0, 4.0, 8.0])
+    np.testing.assert_array_equal(logs.count["inner"], [3, 8])
+    np.testing.assert_array_equal(logs.dropped["inner"], [0, 1])
+    # Slots an element did not log hold padding: zeros, NO_STEP.
+    mask = np.asarray(logs.valid["inner"])
+    assert not np.asarray(logs["inner"])[~mask].any()
+    assert (np.asarray(logs.step["inner"])[~mask] == lox.NO_STEP).all()
+    np.testing.assert_array_equal(np.asarray(logs["inner"])[:, 0][mask[:, 0]], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(logs["inner"])[:, 1][mask[:, 1]], [0.0, 1.0, 2.0] * 2 + [0.0, 1.0])
+    means = logs.reduce("mean")
+    assert list(means) == ["outer", "inner"]  # the keys keep their order
+    np.testing.assert_allclose(means["outer"], [4.0])
+    np.testing.assert_allclose(means["inner"], [[0.0, 7.0 / 8.0]])
+    assert list(logs._every(2)) == ["outer", "inner"]

@@ -159,6 +159,24 @@ def test_tap_under_grad_fires_once_per_iteration_with_primal_values():
     np.testing.assert_allclose([float(e["c"][0]) for e in events], by_hand(0.7), rtol=1e-6)
 
 
+@pytest.mark.parametrize("buffer", [None, 3])
+def test_tap_of_a_gradient_fires_once_per_forward_iteration(buffer):
+    def loss(w):
+        def step(c, x):
+            c = jnp.sin(c * w + x)
+            lox.log({"c": c}, step=x.astype(int))
+            return c, None
+
+        return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
+
+    events = []
+    g = lox.tap(jax.grad(loss), events.append, buffer=buffer)(0.7)
+    np.testing.assert_allclose(g, jax.grad(lox.nolog(loss))(0.7), rtol=1e-6)
+    logs = concat(events)
+    np.testing.assert_array_equal(logs.step["c"], [0, 1, 2, 3])
+    np.testing.assert_allclose(logs["c"], jax.lax.scan(lambda c, x: (jnp.sin(c * 0.7 + x),) * 2, 0.0, jnp.arange(4.0))[1])
+
+
 def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():
     events = []
 
@@ -169,6 +187,40 @@ def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():
     outer(1.0)
     jax.effects_barrier()
     assert [float(e["x"][0]) for e in events] == [1.0]
+
+
+def test_taps_called_in_one_traced_function_deliver_in_the_order_they_are_called():
+    # Their host calls share no data, so only the chain that each traced
+    # function keeps across the taps it calls puts them in order.
+    order = []
+    first = lox.tap(lambda x: (lox.log({"a": x}), x + 1)[1], lambda e: order.append("a"))
+    second = lox.tap(lambda x: (lox.log({"b": x}), x * 2)[1], lambda e: order.append("b"))
+    buffered = lox.tap(running_sum_of, lambda e: order.append("c"), buffer=2)
+
+    @jax.jit
+    def outer(x, y, xs):
+        for _ in range(10):
+            first(x)
+            second(y)
+            buffered(xs)
+        return x
+
+    outer(1.0, 2.0, jnp.ones(4))
+    jax.effects_barrier()
+    assert "".join(order) == "abcc" * 10
+    # Under vmap too: each event is one host call, delivered per element.
+    order.clear()
+    jax.jit(jax.vmap(lambda x: (first(x), second(x), first(x))))(jnp.ones(3))
+    jax.effects_barrier()
+    assert "".join(order) == "aaabbbaaa"
+
+
+def running_sum_of(xs):
+    def step(c, x):
+        lox.log({"c": c + x})
+        return c + x, None
+
+    return jax.lax.scan(step, 0.0, xs)[0]
 
 
 def _doubling_while(x, n):

@@ -305,3 +305,94 @@ def test_logger_tap_with_a_buffer_writes_every_seed_s_events(tmp_path, loop):
         np.testing.assert_array_equal(logs["c"], expected)
         np.testing.assert_array_equal(logs["v"], np.stack([expected, -expected], 1))
         np.testing.assert_array_equal(logs.step["v"], np.asarray(xs[e]))
+
+
+
+def sums_to(who, n):
+    def body(carry):
+        i, s = carry
+        s = s + i
+        lox.log({"s": s, "who": who}, step=i)
+        return i + 1, s
+
+    return jax.lax.while_loop(lambda carry: carry[0] < n, body, (0, 0))[1]
+
+
+def blocks_of(blocks, e):
+    return [b for b in blocks if set(np.asarray(b["who"]).tolist()) == {e}]
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_vmap_of_a_buffered_while_loop_sends_each_element_s_events_once(size):
+    # The loop runs until every element is done; the elements done earlier
+    # compute iterations whose results vmap throws away, and send nothing.
+    ns = [2, 7, 0, 5]
+    blocks = []
+    out = jax.vmap(lox.tap(sums_to, blocks.append, buffer=size))(jnp.arange(4), jnp.array(ns))
+    np.testing.assert_array_equal(out, [sum(range(n)) for n in ns])
+    assert sum(len(b["s"]) for b in blocks) == sum(ns)
+    for e, n in enumerate(ns):
+        mine = blocks_of(blocks, e)
+        assert all(len(b["s"]) <= size for b in mine)
+        if n:
+            reference = []
+            lox.tap(sums_to, reference.append)(e, n)
+            assert_same_logs(concat(mine), concat(reference))
+
+
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_under_vmap_a_branch_an_element_did_not_take_sends_nothing(loop):
+    # A cond whose predicate vmap batches runs both branches for every element;
+    # the loop in the branch an element did not take must not send its events.
+    def f(who, n):
+        def logged():
+            if loop == "scan":
+                def step(c, i):
+                    lox.log({"s": c + i, "who": who}, step=i)
+                    return c + i, None
+
+                return jax.lax.scan(step, 0, jnp.arange(6))[0]
+            return sums_to(who, n)
+
+        return jax.lax.cond(n > 3, logged, lambda: -1)
+
+    ns = [5, 2, 6, 1]
+    blocks = []
+    out = jax.vmap(lox.tap(f, blocks.append, buffer=4))(jnp.arange(4), jnp.array(ns))
+    np.testing.assert_array_equal(out, [lox.nolog(f)(e, n) for e, n in enumerate(ns)])
+    for e, n in enumerate(ns):
+        mine = blocks_of(blocks, e)
+        if n <= 3:
+            assert mine == []
+            continue
+        reference = []
+        lox.tap(f, reference.append)(e, n)
+        assert_same_logs(concat(mine), concat(reference))
+
+
+def test_a_scan_of_length_zero_sends_nothing():
+    def f(xs):
+        def step(c, x):
+            lox.log({"x": x})
+            return c + x, 2 * x
+
+        return jax.lax.scan(step, 0.0, xs)
+
+    blocks = []
+    total, ys = lox.tap(f, blocks.append, buffer=4)(jnp.zeros(0))
+    assert float(total) == 0.0 and ys.shape == (0,) and blocks == []
+
+
+def test_logger_tap_with_a_buffer_writes_each_seed_s_while_loop_once(tmp_path):
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+    ns = [3, 9, 1]
+    runs = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
+    jax.vmap(lambda run, who, n: logger.tap(sums_to, run, buffer=4)(who, n))(runs, jnp.arange(3), jnp.array(ns))
+    logger.finish(runs)
+    logger.close()
+    saved = lox.load(str(tmp_path))
+    assert len(saved) == 3
+    for logs in saved.values():
+        e = int(logs["who"][0])
+        np.testing.assert_array_equal(logs["s"], np.cumsum(np.arange(ns[e])))
+        np.testing.assert_array_equal(logs.step["s"], np.arange(ns[e]))
