@@ -139,18 +139,21 @@ def test_tap_of_vmap_delivers_one_batched_event_per_log():
     assert events[0]["x"].shape == (1, 3) and events[0].step["x"].tolist() == [[2, 2, 2]]
 
 
+def sin_loss(w):
+    def step(c, x):
+        c = jnp.sin(c * w + x)
+        lox.log({"c": c}, step=x.astype(int))
+        return c, None
+
+    return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
+
+
+def sin_series_by_hand(w):
+    return jax.lax.scan(lambda c, x: (jnp.sin(c * w + x),) * 2, 0.0, jnp.arange(4.0))[1]
+
+
 def test_tap_under_grad_fires_once_per_iteration_with_primal_values():
-    def loss(w):
-        def step(c, x):
-            c = jnp.sin(c * w + x)
-            lox.log({"c": c}, step=x.astype(int))
-            return c, None
-
-        return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
-
-    def by_hand(w):
-        return jax.lax.scan(lambda c, x: (jnp.sin(c * w + x),) * 2, 0.0, jnp.arange(4.0))[1]
-
+    loss, by_hand = sin_loss, sin_series_by_hand
     events = []
     g = jax.grad(lox.tap(loss, events.append))(0.7)
     jax.effects_barrier()
@@ -161,20 +164,12 @@ def test_tap_under_grad_fires_once_per_iteration_with_primal_values():
 
 @pytest.mark.parametrize("buffer", [None, 3])
 def test_tap_of_a_gradient_fires_once_per_forward_iteration(buffer):
-    def loss(w):
-        def step(c, x):
-            c = jnp.sin(c * w + x)
-            lox.log({"c": c}, step=x.astype(int))
-            return c, None
-
-        return jax.lax.scan(step, 0.0, jnp.arange(4.0))[0]
-
     events = []
-    g = lox.tap(jax.grad(loss), events.append, buffer=buffer)(0.7)
-    np.testing.assert_allclose(g, jax.grad(lox.nolog(loss))(0.7), rtol=1e-6)
+    g = lox.tap(jax.grad(sin_loss), events.append, buffer=buffer)(0.7)
+    np.testing.assert_allclose(g, jax.grad(lox.nolog(sin_loss))(0.7), rtol=1e-6)
     logs = concat(events)
     np.testing.assert_array_equal(logs.step["c"], [0, 1, 2, 3])
-    np.testing.assert_allclose(logs["c"], jax.lax.scan(lambda c, x: (jnp.sin(c * 0.7 + x),) * 2, 0.0, jnp.arange(4.0))[1])
+    np.testing.assert_allclose(logs["c"], sin_series_by_hand(0.7), rtol=1e-6)
 
 
 def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():

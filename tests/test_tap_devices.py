@@ -120,14 +120,19 @@ def test_tap_inside_shard_map_and_buffered_loops_per_device(mesh):
         assert [b["i"].tolist() for b in mine] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def test_nolog_through_shard_map_and_spool_refuses_with_a_clear_message(mesh):
-    x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("d")))
+def sum_per_device(mesh):
+    """A shard_map that logs the sum of each device's shard."""
 
     def per_device(x):
         lox.log({"s": x.sum()})
         return x + 1
 
-    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+    return jax.shard_map(per_device, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+
+
+def test_nolog_through_shard_map_and_spool_refuses_with_a_clear_message(mesh):
+    x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("d")))
+    sharded = sum_per_device(mesh)
     np.testing.assert_allclose(lox.nolog(sharded)(x), np.arange(16.0) + 1)
     with pytest.raises(ValueError, match=r"`lox.spool` cannot collect logs \(keys 's'\) from inside `jax.shard_map`"):
         lox.spool(sharded)(x)
@@ -135,12 +140,7 @@ def test_nolog_through_shard_map_and_spool_refuses_with_a_clear_message(mesh):
 
 def test_a_shard_map_inside_a_buffered_loop_is_refused(mesh):
     x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("d")))
-
-    def per_device(x):
-        lox.log({"s": x.sum()})
-        return x + 1
-
-    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+    sharded = sum_per_device(mesh)
 
     def f(x):
         return jax.lax.scan(lambda c, _: (sharded(c), None), x, None, length=3)[0]
