@@ -68,6 +68,27 @@ def current_trace():
     return core.trace_ctx.trace
 
 
+def staging_trace():
+    """The trace building the jaxpr that equations bound now end up in, seen
+    through the transforms (`vmap`, `jvp`, `grad`) applied inside it; None
+    when nothing is being staged (an eager call, or eager `vmap`)."""
+    trace = current_trace()
+    while trace is not None and not isinstance(trace, pe.DynamicJaxprTrace):
+        trace = getattr(trace, "parent_trace", None)
+    return trace
+
+
+def register_staging_rule(primitive, rule) -> None:
+    """Call ``rule(trace, tracers)`` when `primitive` is staged into a jaxpr
+    (with the jaxpr's tracers), then stage it as usual."""
+
+    def staging(trace, source_info, *tracers, **params):
+        rule(trace, tracers)
+        return trace.default_process_primitive(primitive, tracers, params, source_info)
+
+    pe.custom_staging_rules[primitive] = staging
+
+
 def bind_equation(eqn, invals: list) -> list:
     """Re-emit an unchanged equation on the current trace, as `eval_jaxpr` does."""
     got = eqn.primitive.get_bind_params(eqn.params)

@@ -12,8 +12,9 @@ integer token and returns the next one, so the next call, which takes that
 token, runs after it: order by data dependency, which any number of devices
 allows (`lox.tap` chains its calls). The token counts the calls that ran.
 
-Separate chains are in no order with respect to each other, so each traced
-function keeps one chain for all the tapped functions it calls
+Separate chains are in no order with respect to each other, so each jaxpr
+being staged (a jitted function, a loop body, a branch) keeps one chain for
+all the tapped functions called in it, under `vmap` and `grad` too
 (`chain_start`, `chain_end`): their host calls run in the order the
 functions are called.
 """
@@ -151,21 +152,55 @@ def _jvp(primals, tangents, **params):
 ad.primitive_jvps[host_call_p] = _jvp
 
 
-# The last token of the chained calls made on each trace (a traced function,
-# a loop body, a vmap): the next tapped function called there goes on from it.
+# The chain of each jaxpr being staged: a weak reference to the last token a
+# tapped function called there returned. `chain_hold_p` keeps that token alive
+# exactly as long as the jaxpr being built (it is the input of one of its
+# equations), so nothing here keeps a finished trace or its tracers alive.
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+chain_hold_p = Primitive("lox_chain_hold")
+chain_hold_p.multiple_results = True
 
-def chain_start(traced: bool):
+
+@chain_hold_p.def_effectful_abstract_eval
+def _hold_abstract_eval(token):
+    # An effect, so that it is not dead code: the equation (and the token it
+    # takes) stays with the jaxpr until the jaxpr is built.
+    return [], {_compat.debug_effect}
+
+
+chain_hold_p.def_impl(lambda token: [])
+mlir.register_lowering(chain_hold_p, lambda ctx, token: [])  # no code: it only marks the chain's end
+
+
+def _hold_batch(axis_size, args, dims):
+    (token,), (dim,) = args, dims
+    # One host call ran for the whole batch: the chain goes on from its largest count.
+    chain_hold_p.bind(token if dim is None else jax.lax.reduce_max(token, (dim,)))
+    return [], []
+
+
+def _hold_jvp(primals, tangents):
+    chain_hold_p.bind(*primals)
+    return [], []
+
+
+_compat.register_batching_rule(chain_hold_p, _hold_batch)
+ad.primitive_jvps[chain_hold_p] = _hold_jvp
+_compat.register_staging_rule(chain_hold_p, lambda trace, tracers: _chains.__setitem__(trace, weakref.ref(tracers[0])))
+
+
+def chain_start():
     """The token a tapped function called now starts from: the one the last
-    tapped function called on the current trace returned (0 if none, or if
-    nothing is `traced`: an eager call runs alone, and waits for its calls)."""
-    if not traced:
-        return np.int32(0)
-    return _chains.get(_compat.current_trace(), np.int32(0))
+    tapped function staged into the same jaxpr returned, or 0 (an eager call
+    runs alone and waits for its calls)."""
+    trace = _compat.staging_trace()
+    ref = _chains.get(trace) if trace is not None else None
+    token = ref() if ref is not None else None
+    return np.int32(0) if token is None else token
 
 
-def chain_end(traced: bool, token) -> None:
-    """Record the token a tapped function called now returned."""
-    if traced:
-        _chains[_compat.current_trace()] = token
+def chain_end(token) -> None:
+    """Record the token a tapped function called now returned, for the next."""
+    if _compat.staging_trace() is not None:
+        chain_hold_p.bind(token)

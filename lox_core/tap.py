@@ -384,10 +384,11 @@ def tap(
 
     Host calls are put in order by data dependency (each returns a token the
     next one takes), not by an ordered effect; tapped functions called one
-    after another in a traced function share that chain, so their events
-    arrive in call order. A tapped function runs on several devices: under a sharded `jax.jit` the callback runs once per
-    event with the whole arrays; inside `jax.shard_map`, once per device with
-    that device's values, each device's events in program order.
+    after another in a jitted function (under `vmap` or `grad` there too)
+    share that chain, so their events arrive in call order. A tapped function
+    runs on several devices: under a sharded `jax.jit` the callback runs once
+    per event with the whole arrays; inside `jax.shard_map`, once per device
+    with that device's values, each device's events in program order.
 
     The tapped function is jitted. Called with concrete arrays, it returns only
     after every callback has run; inside an enclosing `jax.jit`, call
@@ -425,20 +426,34 @@ def tap(
         return tapped
 
     config = ("tap", handler.selection, callback, prefix, batched, buffer)
-    compiled = jitted(fun, config, make_impl, _after_token(static_argnums, 1), static_argnames)
+    # The token comes first: the positions of static arguments shift by one.
+    compiled = jitted(fun, config, make_impl, _shifted(static_argnums, 1), static_argnames)
 
     def call(*args, **kwargs):
-        inside = traced((args, kwargs))
-        out, token = compiled(chain_start(inside), *args, **kwargs)
-        chain_end(inside, token)
-        if not inside:
+        out, token = compiled(chain_start(), *args, **kwargs)
+        chain_end(token)
+        if not traced((args, kwargs)):
             jax.effects_barrier()  # deliver every event before returning
         return out
 
-    return wraps(fun, call, compiled, lead=lambda: (chain_start(False),))
+    return wraps(fun, call, compiled, _without_token(compiled, 0, static_argnums, static_argnames))
 
 
-def _after_token(static_argnums, leading: int) -> tuple:
+def _without_token(compiled, leading: int, static_argnums, static_argnames) -> Callable:
+    """Makes the jitted function that `lower` and `trace` show: `compiled`
+    without the chain's token, which comes first, and without the token it
+    returns (`leading` arguments come before the user's, as `context` does)."""
+
+    def make():
+        def public(*args, **kwargs):
+            return compiled(np.int32(0), *args, **kwargs)[0]
+
+        return jax.jit(public, static_argnums=_shifted(static_argnums, leading), static_argnames=static_argnames)
+
+    return make
+
+
+def _shifted(static_argnums, leading: int) -> tuple:
     """The positions of static arguments once `leading` arguments come first."""
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
@@ -505,14 +520,14 @@ def tap_with_context(
 
     config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
     # The token and `context` come first: the positions of static arguments shift by two.
-    compiled = jitted(fun, config, make_impl, _after_token(static_argnums, 2), static_argnames)
+    compiled = jitted(fun, config, make_impl, _shifted(static_argnums, 2), static_argnames)
 
     def call(context, *args, **kwargs):
-        inside = traced((context, args, kwargs))
-        out, token = compiled(chain_start(inside), context, *args, **kwargs)
-        chain_end(inside, token)
-        if wait and not inside:
+        out, token = compiled(chain_start(), context, *args, **kwargs)
+        chain_end(token)
+        if wait and not traced((context, args, kwargs)):
             jax.effects_barrier()
         return out
 
-    return wraps(fun, call, compiled, lead=lambda: (chain_start(False),))  # holds `fun`, which the cache refers to weakly
+    # `wraps` holds `fun`, which the cache refers to weakly.
+    return wraps(fun, call, compiled, _without_token(compiled, 1, static_argnums, static_argnames))

@@ -80,19 +80,22 @@ def _hashable(x):
     return x
 
 
-def wraps(fun: Callable, call: Callable, compiled, lead: Callable = lambda: ()) -> Callable:
-    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace`
-    (which pass ``lead()`` before the user's arguments, as `call` does)."""
+def wraps(fun: Callable, call: Callable, compiled, make_lowerable: Callable | None = None) -> Callable:
+    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace` of
+    `compiled`, or of the jitted function ``make_lowerable()`` makes on first
+    use (when `compiled` takes more than the user passes)."""
 
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):
         return call(*args, **kwargs)
 
+    lowerable = functools.cache(make_lowerable or (lambda: compiled))
+
     def lower(*args, **kwargs):
-        return compiled.lower(*lead(), *args, **kwargs)
+        return lowerable().lower(*args, **kwargs)
 
     def trace(*args, **kwargs):
-        return compiled.trace(*lead(), *args, **kwargs)
+        return lowerable().trace(*args, **kwargs)
 
     # `compiled` holds `fun` only weakly (see `jitted`); all three hold it
     # (`functools.wraps` set the wrapper's), so that `lox.spool(f).lower(x)` works.

@@ -210,6 +210,31 @@ def test_taps_called_in_one_traced_function_deliver_in_the_order_they_are_called
     assert "".join(order) == "aaabbbaaa"
 
 
+def test_taps_in_a_traced_function_keep_their_order_under_grad_and_leak_nothing():
+    order = []
+    first = lox.tap(lambda x: (lox.log({"a": x}), x + 1)[1], lambda e: order.append("a"))
+    second = lox.tap(lambda x: (lox.log({"b": x}), x * 2)[1], lambda e: order.append("b"))
+    # The leak checker fails the trace if anything lox keeps per traced function outlives it.
+    with jax.checking_leaks():
+        grad = jax.jit(jax.grad(lambda x: first(x) * second(x) + first(x)))(3.0)
+        jax.effects_barrier()
+        jax.jit(jax.vmap(lambda x: second(first(x))))(jnp.ones(2))
+        jax.effects_barrier()
+    # d/dx [(x + 1) * 2x + x + 1] = 4x + 2 + 1
+    assert grad == 4 * 3.0 + 3
+    assert "".join(order) == "aba" + "aabb"  # under vmap, each element's event in turn
+
+
+def test_a_tapped_function_lowers_and_traces_with_the_user_s_signature():
+    events = []
+    tapped = lox.tap(lambda x, n: (lox.log({"x": x * n}), x + n)[1], events.append, static_argnums=1)
+    compiled = tapped.lower(jnp.float32(1.0), 3).compile()
+    assert compiled(jnp.float32(2.0)) == 5.0
+    jax.effects_barrier()
+    assert [e["x"].tolist() for e in events] == [[6.0]]
+    assert tapped.trace(jnp.float32(1.0), 3).out_info.shape == ()
+
+
 def running_sum_of(xs):
     def step(c, x):
         lox.log({"c": c + x})
