@@ -24,6 +24,7 @@ than `N` events when the others log more.)
 from __future__ import annotations
 
 import collections
+import copy
 from typing import NamedTuple
 
 import jax
@@ -101,6 +102,12 @@ class Bounded:
 
     def carry(self):
         return tuple(self.state)
+
+    def structure(self) -> "Bounded":
+        """A copy without the arrays (as `Buffers.structure`)."""
+        empty = copy.copy(self)
+        empty.state = None
+        return empty
 
     def resume(self, carried) -> None:
         self.state = list(carried)

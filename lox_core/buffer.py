@@ -25,6 +25,7 @@ turn the check that sends the buffers into a select that sends them every time.
 from __future__ import annotations
 
 import collections
+import copy
 from typing import Iterator, NamedTuple
 
 import jax
@@ -198,6 +199,15 @@ class Buffers:
     def carry(self):
         self.commit()
         return tuple(self.counts), self.n, tuple(self.arrays)
+
+    def structure(self) -> "Buffers":
+        """A copy without the arrays, for a function JAX traces later, which
+        resumes from the state it is passed: holding no tracer, it can outlive
+        the trace it was made in."""
+        empty = copy.copy(self)
+        empty.counts = empty.n = empty.arrays = None
+        empty.pending, empty.pending_total = [0] * len(self.kinds), 0
+        return empty
 
     def resume(self, carried) -> None:
         counts, self.n, arrays = carried

@@ -198,15 +198,18 @@ def canonical(logs: logdict) -> logdict:
 # iteration returns the value *without* that axis, as hand-written code would; to
 # return the very array that was logged (so that JAX can forward a scanned input
 # instead of storing it), the scan rule remembers what each expansion came from.
-_expansions: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lox_expansions", default=None)
+# Only expansions made on the body's own trace count: those of a function traced
+# inside it (a custom rule, a vmap) cannot be the body's outputs, and keeping
+# them would keep that function's trace alive.
+_expansions: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("lox_expansions", default=None)
 
 
 def single_event(x):
     """`x` with a leading event axis of 1, remembered by an enclosing scan rule."""
     expanded = jax.lax.expand_dims(x, (0,))
     seen = _expansions.get()
-    if seen is not None:
-        seen[id(expanded)] = (expanded, x)
+    if seen is not None and seen[0] is _compat.current_trace():
+        seen[1][id(expanded)] = (expanded, x)
     return expanded
 
 
@@ -365,8 +368,8 @@ def _interpreted(handler: Handler, closed, active, record: list | None = None):
 
     def fun(*args):
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
-        if record is not None:
-            record[:] = [logs]
+        if record is not None:  # shapes only: the arrays belong to this trace
+            record[:] = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), logs)]
         return outs, logs
 
     return fun
@@ -391,6 +394,19 @@ def scan_rule(handler, eqn, invals, active):
     return [*carry, *ys], logs if more is None else concat([logs, more])
 
 
+@contextlib.contextmanager
+def _inside(handler, state, outside):
+    """While JAX traces a loop body or branch: the handler goes on from `state`
+    (what the body receives), and afterwards back to `outside` (the state
+    before the loop), so that nothing of the body's trace stays referenced
+    once JAX has built it (`jax.checking_leaks` would call that a leak)."""
+    handler.resume(state)
+    try:
+        yield
+    finally:
+        handler.resume(outside)
+
+
 def _scan(handler, p, consts, init, xs, active, length: int, chunked: bool = False):
     """`p`'s scan over `length` iterations of `xs`, interpreted: (carry, ys,
     logs). A `chunked` one is a chunk of `_chunked_scan`: the handler acts at
@@ -402,13 +418,17 @@ def _scan(handler, p, consts, init, xs, active, length: int, chunked: bool = Fal
         init = (list(init), handler.carry())
 
     def body(carry, x):
-        if carries:
-            carry, state = carry
-            handler.resume(state)
-        token = _expansions.set({})
+        if not carries:
+            return body_from(carry, x)
+        carry, state = carry
+        with _inside(handler, state, outside=init[1]):
+            return body_from(carry, x)
+
+    def body_from(carry, x):
+        token = _expansions.set((_compat.current_trace(), {}))
         try:
             outs, logs = body_fun(*consts, *carry, *x)
-            originals = _expansions.get()
+            originals = _expansions.get()[1]
         finally:
             _expansions.reset(token)
         new_carry = outs[: p.num_carry]
@@ -460,10 +480,10 @@ def _chunked_scan(handler, p, consts, init, xs, active, chunk: int):
     without a test in every iteration."""
 
     def run_chunk(carry, xs_chunk, length):
-        handler.resume(carry[1])
-        carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length, chunked=True)
-        handler.end_chunk(logs, active)
-        return (carry, handler.carry()), ys
+        with _inside(handler, carry[1], outside):
+            carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length, chunked=True)
+            handler.end_chunk(logs, active)
+            return (carry, handler.carry()), ys
 
     if p.length == 0:  # no chunk to run
         carry, ys, _ = _scan(handler, p, consts, init, xs, active, 0)
@@ -473,6 +493,7 @@ def _chunked_scan(handler, p, consts, init, xs, active, chunk: int):
     # (a reverse scan runs from the end: its rest is at the front).
     main_at, rest_at = (slice(rest, None), slice(0, rest)) if p.reverse else (slice(0, full * chunk), slice(full * chunk, None))
     carry = (list(init), handler.carry())
+    outside = carry[1]
     parts = {}
     if full:
         chunked_xs = [jnp.reshape(x[main_at], (full, chunk, *x.shape[1:])) for x in xs]
@@ -508,13 +529,18 @@ def cond_rule(handler, eqn, invals, active):
     carries = handler.carries
     if carries:
         plan = handler.enter_cond(branches)
-        ops = [handler.carry(), *ops]
+        outside = handler.carry()
+        ops = [outside, *ops]
 
     def branch(i, closed):
         def fun(*ops):
-            if carries:
-                state, *ops = ops
-                handler.resume(state)
+            if not carries:
+                return branch_from(*ops)
+            state, *ops = ops
+            with _inside(handler, state, outside):
+                return branch_from(*ops)
+
+        def branch_from(*ops):
             # Under vmap with a batched index both branches run for every element;
             # `index == i` is then the mask of elements that took this branch (tap
             # uses it; spool's outputs are selected per element by JAX itself).
@@ -582,7 +608,7 @@ def while_rule(handler, eqn, invals, active):
     carries = handler.carries
     if carries:
         entered = handler.enter_loop(eqn, p.body_jaxpr)
-        state = handler.carry()
+        state = outside = handler.carry()
 
     def pred_fun(carry, h=handler):
         return interpret(h, p.cond_jaxpr.jaxpr, p.cond_jaxpr.consts, [*cconsts, *carry], active)[0][0]
@@ -592,8 +618,7 @@ def while_rule(handler, eqn, invals, active):
             # Logs in the predicate use the state but cannot change it (the
             # predicate returns only a boolean); a handler that must, refuses.
             carry, state = carry
-            handler.resume(state)
-            with _in_predicate(True):
+            with _inside(handler, state, outside), _in_predicate(True):
                 pred = pred_fun(carry)
         else:
             pred = pred_fun(carry)
@@ -605,10 +630,10 @@ def while_rule(handler, eqn, invals, active):
     def body_fun(carry):
         if carries:
             carry, state = carry
-            handler.resume(state)
-            new, guard = body(carry)
-            handler.end_iteration(guard)
-            return new, handler.carry()
+            with _inside(handler, state, outside):
+                new, guard = body(carry)
+                handler.end_iteration(guard)
+                return new, handler.carry()
         return body(carry)[0]
 
     def body(carry):
@@ -817,13 +842,12 @@ def shard_map_rule(handler, eqn, invals, active):
     def body(*args):
         state, args = (args[0], args[1:]) if carries else (None, args)
         inner_active, args = (args[0], args[1:]) if active is not None else (None, args)
-        if carries:
-            handler.resume(state)
-        outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)
         if not carries:
-            return outs
-        per_device = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry())
-        return outs, per_device
+            return interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)[0]
+        with _inside(handler, state, outside=extra[0]):
+            outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)
+            per_device = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry())
+            return outs, per_device
 
     in_specs = (*[replicated] * len(extra), *p.in_specs)
     out_specs = (list(p.out_specs), jax.sharding.PartitionSpec(*axes)) if carries else list(p.out_specs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-import copy
 
 import jax
 import numpy as np
@@ -94,7 +93,7 @@ class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
         self.max_events = max_events
 
     def fresh_state(self, like=None):
-        return _Bounds(copy.copy(like.buffers) if like is not None else None)
+        return _Bounds(like.buffers.structure() if like is not None and like.buffers is not None else None)
 
     def carry(self):
         buffers = self.state.buffers

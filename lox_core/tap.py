@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import copy
 import threading
 from typing import Callable, Iterable
 
@@ -82,10 +81,10 @@ class TapHandler(StatefulHandler):
 
     # --- the carried state (see `StatefulHandler`) -------------------------------------
     def fresh_state(self, like=None):
-        # The buffers' arrays come with the state resumed; copied, since a loop's end drops them.
+        # The buffers' arrays come with the state resumed.
         if like is None:
             return _State()
-        return _State(copy.copy(like.buffers), like.collecting)
+        return _State(like.buffers.structure() if like.buffers is not None else None, like.collecting)
 
     def _token(self):
         state = self.state
@@ -436,10 +435,10 @@ def tap(
             jax.effects_barrier()  # deliver every event before returning
         return out
 
-    return wraps(fun, call, compiled, _without_token(compiled, 0, static_argnums, static_argnames))
+    return wraps(fun, call, compiled, _without_token(fun, compiled, 0, static_argnums, static_argnames))
 
 
-def _without_token(compiled, leading: int, static_argnums, static_argnames) -> Callable:
+def _without_token(fun, compiled, leading: int, static_argnums, static_argnames) -> Callable:
     """Makes the jitted function that `lower` and `trace` show: `compiled`
     without the chain's token, which comes first, and without the token it
     returns (`leading` arguments come before the user's, as `context` does)."""
@@ -447,6 +446,8 @@ def _without_token(compiled, leading: int, static_argnums, static_argnames) -> C
     def make():
         def public(*args, **kwargs):
             return compiled(np.int32(0), *args, **kwargs)[0]
+
+        public.__name__ = public.__qualname__ = getattr(fun, "__name__", "tapped")  # names the lowered module
 
         return jax.jit(public, static_argnums=_shifted(static_argnums, leading), static_argnames=static_argnames)
 
@@ -530,4 +531,4 @@ def tap_with_context(
         return out
 
     # `wraps` holds `fun`, which the cache refers to weakly.
-    return wraps(fun, call, compiled, _without_token(compiled, 1, static_argnums, static_argnames))
+    return wraps(fun, call, compiled, _without_token(fun, compiled, 1, static_argnums, static_argnames))
