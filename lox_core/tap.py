@@ -221,6 +221,13 @@ class TapHandler(StatefulHandler):
         context, block_callback = self._context(list(logs)), self.block_callback
 
         def deliver(batch_ndim, unique, when, context):
+            if batch_ndim == 0 and block_callback is None:  # the common case, kept cheap: one block, no routing
+                if when is None or when:
+                    mine = [np.array(x) for x in unique]  # copies, as below
+                    block = jax.tree_util.tree_unflatten(tree, [mine[i] for i in where])
+                    with lock:
+                        callback(block)
+                return
             batch_shape = np.shape(unique[0])[:batch_ndim]
             sending = np.broadcast_to(True if when is None else when, batch_shape)
             if block_callback is not None and sending.all():  # all elements at once, routed by the context
