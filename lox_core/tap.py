@@ -17,7 +17,7 @@ from lox_core.interpreter import StatefulHandler, in_while_predicate, single_eve
 from lox_core.logdict import event_count, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.spool import selection
-from lox_core.transform import jitted, trace_and_interpret, traced, wraps
+from lox_core.transform import jitted, static_arguments, trace_and_interpret, traced, wraps
 
 
 def print_event(event: logdict) -> None:
@@ -432,8 +432,8 @@ def tap(
         return tapped
 
     config = ("tap", handler.selection, callback, prefix, batched, buffer)
-    # The token comes first: the positions of static arguments shift by one.
-    compiled = jitted(fun, config, make_impl, _shifted(static_argnums, 1), static_argnames)
+    # The token comes first (`leading=1`).
+    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=1)
 
     def call(*args, **kwargs):
         out, token = compiled(chain_start(), *args, **kwargs)
@@ -456,16 +456,9 @@ def _without_token(fun, compiled, leading: int, static_argnums, static_argnames)
 
         public.__name__ = public.__qualname__ = getattr(fun, "__name__", "tapped")  # names the lowered module
 
-        return jax.jit(public, static_argnums=_shifted(static_argnums, leading), static_argnames=static_argnames)
+        return jax.jit(public, **static_arguments(fun, static_argnums, static_argnames, leading))
 
     return make
-
-
-def _shifted(static_argnums, leading: int) -> tuple:
-    """The positions of static arguments once `leading` arguments come first."""
-    if isinstance(static_argnums, int):
-        static_argnums = (static_argnums,)
-    return tuple(i + leading if i >= 0 else i for i in static_argnums)
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:
@@ -527,8 +520,8 @@ def tap_with_context(
         return tapped
 
     config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
-    # The token and `context` come first: the positions of static arguments shift by two.
-    compiled = jitted(fun, config, make_impl, _shifted(static_argnums, 2), static_argnames)
+    # The token and `context` come first (`leading=2`).
+    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=2)
 
     def call(context, *args, **kwargs):
         out, token = compiled(chain_start(), context, *args, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from typing import Any, Callable, Hashable
 
@@ -49,15 +50,44 @@ _cache: dict[int, tuple[weakref.ref, dict]] = {}
 _PER_FUNCTION = 32  # configurations kept per function (e.g. tap with a new lambda each call)
 
 
-def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=()):
+def static_arguments(fun: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> dict:
+    """The static arguments of `fun`, as `jax.jit` options for a function that
+    takes `leading` arguments before `fun`'s.
+
+    `jax.jit(fun, static_argnums=1)` also treats that parameter as static when
+    it is passed by keyword (and `static_argnames` by position): it reads
+    `fun`'s signature. The functions lox jits in `fun`'s place take
+    ``(*args, **kwargs)``, so both are spelled out here, from `fun`'s
+    signature, with positions shifted by `leading`.
+    """
+    argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (some builtins): as given
+        parameters = []
+    # Parameters that can be passed either way, like `jax.jit` infers them.
+    either = {i: p.name for i, p in enumerate(parameters) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+    names = argnames + tuple(name for i, name in either.items() if i in argnums and name not in argnames)
+    nums = argnums + tuple(i for i, name in either.items() if name in argnames and i not in argnums)
+    return {
+        "static_argnums": tuple(i + leading if i >= 0 else i for i in nums),
+        "static_argnames": names,
+    }
+
+
+def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0):
     """`jax.jit(make_impl(fun))`, shared by every call with the same `fun` and `config`.
 
+    `make_impl` makes a function of `leading` arguments and then `fun`'s;
+    `static_argnums` and `static_argnames` are `fun`'s (see `static_arguments`).
     Sharing the jitted function lets a fresh `lox.spool(f)` reuse the compiled
     program of an earlier one without tracing `f` again. The cache holds `fun`
     weakly, so it does not keep functions (and what they close over) alive.
     """
-    key = (config, _hashable(static_argnums), _hashable(static_argnames))
-    make = lambda get_fun: jax.jit(make_impl(get_fun), static_argnums=static_argnums, static_argnames=static_argnames)  # noqa: E731
+    static = static_arguments(fun, static_argnums, static_argnames, leading)
+    key = (config, static["static_argnums"], static["static_argnames"])
+    make = lambda get_fun: jax.jit(make_impl(get_fun), **static)  # noqa: E731
     try:
         hash(key)
         ref = weakref.ref(fun, lambda _, i=id(fun): _cache.pop(i, None))
@@ -72,12 +102,6 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
             per_fun.pop(next(iter(per_fun)))
         per_fun[key] = make(entry[0])
     return per_fun[key]
-
-
-def _hashable(x):
-    if isinstance(x, (list, tuple)):
-        return tuple(x)
-    return x
 
 
 def wraps(fun: Callable, call: Callable, compiled, make_lowerable: Callable | None = None) -> Callable:

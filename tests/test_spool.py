@@ -315,6 +315,35 @@ def test_static_argnums_and_argnames():
     assert_series(logs, "x", [2.0, 2.0, 2.0], {"step": [0, 1, 2]})
 
 
+
+def _logs_n_times(x, n):
+    for i in range(n):  # `n` must be static
+        lox.log({"x": x * i}, step=i)
+    return x * n
+
+
+@pytest.mark.parametrize(
+    "static, call",
+    [({"static_argnums": 1}, lambda g, x: g(x, n=3)), ({"static_argnames": "n"}, lambda g, x: g(x, 3))],
+    ids=["by-number-passed-by-keyword", "by-name-passed-by-position"],
+)
+def test_a_static_argument_is_static_however_it_is_passed_as_under_jit(static, call):
+    x = jnp.float32(2.0)
+    # The reference: jax.jit with the same options finds `n` through the signature too.
+    assert call(jax.jit(_logs_n_times, **static), x) == 6.0
+    assert call(lox.nolog(_logs_n_times, **static), x) == 6.0
+    out, logs = call(lox.spool(_logs_n_times, **static), x)
+    assert out == 6.0
+    assert_series(logs, "x", [0.0, 2.0, 4.0], {"step": [0, 1, 2]})
+    events = []
+    assert call(lox.tap(_logs_n_times, events.append, **static), x) == 6.0
+    assert [e["x"].tolist() for e in events] == [[0.0], [2.0], [4.0]]
+    events.clear()
+    lowered = call(lox.tap(_logs_n_times, events.append, **static).lower, x)
+    assert lowered.compile()(jnp.float32(1.0)) == 3.0
+    jax.effects_barrier()
+    assert [e["x"].tolist() for e in events] == [[0.0], [1.0], [2.0]]
+
 def test_spool_inside_an_outer_jit_closing_over_tracers():
     @jax.jit
     def outer(x, y):
