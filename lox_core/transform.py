@@ -8,6 +8,7 @@ import weakref
 from typing import Any, Callable, Hashable
 
 import jax
+import numpy as np
 
 from lox_core.interpreter import Handler, interpret
 from lox_core.logdict import logdict
@@ -60,8 +61,8 @@ def static_arguments(fun: Callable, static_argnums=(), static_argnames=(), leadi
     ``(*args, **kwargs)``, so both are spelled out here, from `fun`'s
     signature, with positions shifted by `leading`.
     """
-    argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    argnums = () if static_argnums is None else tuple(np.atleast_1d(static_argnums).tolist())
+    argnames = () if static_argnames is None else (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     try:
         parameters = list(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):  # no signature to read (some builtins): as given
