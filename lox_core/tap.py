@@ -220,18 +220,21 @@ class TapHandler(StatefulHandler):
         unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
         context, block_callback = self._context(list(logs)), self.block_callback
 
+        def block_of(arrays):  # the chunk's logs, from the unique arrays
+            return jax.tree_util.tree_unflatten(tree, [arrays[i] for i in where])
+
         def deliver(batch_ndim, unique, when, context):
+            # The user's callback gets copies (np.array): the host call's arrays may be buffers that XLA reuses.
             if batch_ndim == 0 and block_callback is None:  # the common case, kept cheap: one block, no routing
                 if when is None or when:
-                    mine = [np.array(x) for x in unique]  # copies, as below
-                    block = jax.tree_util.tree_unflatten(tree, [mine[i] for i in where])
+                    block = block_of([np.array(x) for x in unique])
                     with lock:
                         callback(block)
                 return
             batch_shape = np.shape(unique[0])[:batch_ndim]
             sending = np.broadcast_to(True if when is None else when, batch_shape)
             if block_callback is not None and sending.all():  # all elements at once, routed by the context
-                block = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
+                block = block_of(unique)
                 with lock:
                     block_callback(batch_ndim, block, context)
                 return
@@ -239,9 +242,7 @@ class TapHandler(StatefulHandler):
             for e, index in enumerate(np.ndindex(batch_shape)):
                 if not sending[index]:
                     continue
-                # Copies: the host call's arrays may be buffers that XLA reuses.
-                mine = [np.array(x[index]) for x in unique]
-                block = jax.tree_util.tree_unflatten(tree, [mine[i] for i in where])
+                block = block_of([np.array(x[index]) for x in unique])
                 with lock:
                     if block_callback is None:
                         callback(block)

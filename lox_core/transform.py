@@ -63,6 +63,8 @@ def static_arguments(fun: Callable, static_argnums=(), static_argnames=(), leadi
     """
     argnums = () if static_argnums is None else tuple(np.atleast_1d(static_argnums).tolist())
     argnames = () if static_argnames is None else (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    if not argnums and not argnames:  # the common case: no signature to read (`lox.spool(f)` may be made every step)
+        return {"static_argnums": (), "static_argnames": ()}
     try:
         parameters = list(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):  # no signature to read (some builtins): as given
