@@ -266,6 +266,10 @@ class Logger:
         run = jax.pure_callback(
             open_runs, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce, vmap_method="broadcast_all"
         )
+        if not isinstance(run, jax.core.Tracer):
+            # Called eagerly under `jax.set_mesh`, the callback returns an array whose
+            # placement (an XLA "maximal" sharding) later programs refuse as an input.
+            run = jnp.asarray(np.asarray(run))
         return LoggerState(run)
 
     def _open_run(self, metadata: dict, position: int | None) -> int:

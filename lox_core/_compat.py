@@ -25,6 +25,13 @@ from jax._src.lax.control_flow import conditionals as _conditionals
 from jax._src.state.types import AbstractRef as _AbstractRef
 
 Jaxpr = core.Jaxpr
+Ref = getattr(jax, "Ref", None) or core.Ref  # the type of `jax.new_ref(x)`
+
+
+def is_ref(x) -> bool:
+    return isinstance(x, Ref)
+
+
 ClosedJaxpr = core.ClosedJaxpr
 Var = core.Var
 Literal = core.Literal
@@ -310,6 +317,17 @@ def lower_callback_with_results(ctx, fun, args):
         sharding=sharding,
     )
     return results
+
+
+def with_event_axis(aval):
+    """`aval` with a leading event axis of 1, never sharded: on a mesh with
+    explicit axes an aval carries its sharding, whose spec gets a `None` in
+    front for the new axis."""
+    shape = (1, *aval.shape)
+    sharding = getattr(aval, "sharding", None)
+    if sharding is None or getattr(sharding, "spec", None) is None:
+        return aval.update(shape=shape)
+    return aval.update(shape=shape, sharding=sharding.update(spec=jax.sharding.PartitionSpec(None, *sharding.spec)))
 
 
 def tangent_aval(x):

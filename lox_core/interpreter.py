@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import _compat
+from lox_core.branches import Layout
 from lox_core.logdict import concat, event_count, logdict
 from lox_core.primitive import Site, event_outputs, log_p, site_of
 
@@ -161,20 +162,6 @@ class StatefulHandler(Handler):
     def snapshot(self):
         # A copy: what a loop adds to the live state is dropped when the loop ends.
         return self.fresh_state(self.state)
-
-
-def describe(logs: logdict) -> str:
-    """``'a': float32[3] with steps step`` for each key, for error messages."""
-    if not logs:
-        return "nothing"
-    parts = []
-    for key, value in logs.items():
-        shapes = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape[1:])}", value)
-        names = logs.step_names(key)
-        events = event_count(value)
-        count = "" if events == 1 else f" ({events} events)"
-        parts.append(f"{key!r}: {shapes}{count}" + (f" with steps {', '.join(names)}" if names else ""))
-    return "; ".join(parts)
 
 
 def signature(logs: logdict):
@@ -531,6 +518,7 @@ def cond_rule(handler, eqn, invals, active):
         plan = handler.enter_cond(branches)
         outside = handler.carry()
         ops = [outside, *ops]
+    layout = None  # set when the branches log differently: their logs are padded to it
 
     def branch(i, closed):
         def fun(*ops):
@@ -549,45 +537,32 @@ def cond_rule(handler, eqn, invals, active):
                 here = index == i
                 guard = here if active is None else jnp.logical_and(active, here)
             outs, logs = _interpreted(handler, closed, guard, records[i])(*ops)
+            logs = canonical(logs) if layout is None else layout.pad(canonical(logs))
             if carries:
-                return outs, canonical(logs), handler.leave_branch(plan)
-            return outs, canonical(logs)
+                return outs, logs, handler.leave_branch(plan)
+            return outs, logs
 
         return fun
 
+    def switch():
+        return jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
+
     try:
-        outs, logs, *state = jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
+        outs, logs, *state = switch()
     except TypeError:
-        _check_branches_log_alike(records)
-        raise
-    _check_branches_log_alike(records)
+        logged = [canonical(rec[0]) for rec in records if rec]
+        if len(logged) < len(branches) or all(signature(r) == signature(logged[0]) for r in logged):
+            raise  # not about the logs
+        # Semantically, a key that some branches log and others do not (or log
+        # fewer times) is a padded series: valid where the branch that ran logged it.
+        layout = Layout(logged)
+        outs, logs, *state = switch()
     if carries:
         handler.exit_cond(plan, state[0])
     return outs, logs
 
 
 rules["cond"] = cond_rule
-
-
-def _check_branches_log_alike(records) -> None:
-    if not records[0]:  # the first branch itself failed to trace: not about logs
-        return
-    first = canonical(records[0][0])
-    for i, rec in enumerate(records[1:], start=1):
-        if not rec or signature(canonical(rec[0])) == signature(first):
-            continue
-        other = canonical(rec[0])
-        one = lambda logs, k: logs.filter(lambda key, _: key == k)  # noqa: E731
-        differing = [k for k in {**first, **other} if k not in first or k not in other] or [
-            k for k in first if signature(one(first, k)) != signature(one(other, k))
-        ]
-        raise ValueError(
-            f"the branches of a `jax.lax.cond`/`switch` log differently (keys {', '.join(map(repr, differing))}): "
-            f"branch 0 logs {describe(first)}, branch {i} logs {describe(other)} (for `jax.lax.cond`, branch 0 "
-            "is `false_fun` and branch 1 is `true_fun`). Every branch must log the same keys with the same "
-            "shapes, dtypes and step names, because the logs become outputs of the cond. Log the same keys "
-            "in every branch (e.g. a placeholder value) or move the log out of the cond."
-        )
 
 
 def while_rule(handler, eqn, invals, active):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 
@@ -487,3 +489,19 @@ def _unflatten(aux, children) -> logdict:
 
 
 jax.tree_util.register_pytree_node(logdict, _flatten, _unflatten)
+
+
+# `jax.export` serializes a program's output pytree: a logdict's static part
+# (keys, step names, padded keys) as JSON.
+def _serialize_aux(aux) -> bytes:
+    return json.dumps(aux).encode()
+
+
+def _deserialize_aux(data: bytes):
+    keys, step_index, valid, totals = json.loads(data)
+    return tuple(keys), tuple(tuple(pair) for pair in step_index), tuple(valid), tuple(totals)
+
+
+jax.export.register_pytree_node_serialization(
+    logdict, serialized_name="lox.logdict", serialize_auxdata=_serialize_aux, deserialize_auxdata=_deserialize_aux
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lox_core.interpreter import DropAll
-from lox_core.transform import jitted, trace_and_interpret, wraps
+from lox_core.transform import Transformed, jitted, trace_and_interpret
 
 
 def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
@@ -25,9 +25,10 @@ def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
 
     def make_impl(get_fun):
         def removed(*args, **kwargs):
-            return trace_and_interpret(get_fun(), handler, args, kwargs)[0]
+            out, _, _, changes = trace_and_interpret(get_fun(), handler, args, kwargs)
+            return out, changes
 
         return removed
 
-    compiled = jitted(fun, ("nolog",), make_impl, static_argnums, static_argnames)
-    return wraps(fun, compiled, compiled)
+    program = jitted(fun, ("nolog",), make_impl, static_argnums, static_argnames)
+    return Transformed(fun, lambda *args, **kwargs: program((), args, kwargs), static_argnums, static_argnames)

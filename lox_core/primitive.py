@@ -192,7 +192,7 @@ def _check_step(name: str, value):
 # --- rules -------------------------------------------------------------------------
 @log_p.def_effectful_abstract_eval
 def _abstract_eval(*avals, **params):
-    return [a.update(shape=(1, *a.shape)) for a in avals], {_compat.log_effect}
+    return [_compat.with_event_axis(a) for a in avals], {_compat.log_effect}
 
 
 def event_outputs(operands) -> list:

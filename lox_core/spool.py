@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Callable, Iterable
 
 
 import jax
+import jax.export
 import numpy as np
 
 from lox_core import _compat, bounded
@@ -13,7 +15,7 @@ from lox_core.buffer import kinds_in
 from lox_core.interpreter import Handler, Selection, StatefulHandler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import REDUCTIONS, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
-from lox_core.transform import jitted, trace_and_interpret, wraps
+from lox_core.transform import Transformed, jitted, trace_and_interpret
 
 
 class _SharedOnce(logdict):
@@ -23,7 +25,10 @@ class _SharedOnce(logdict):
     output twice). Which leaves are the same is fixed when the object is built
     (from the traced arrays), so its pytree structure never depends on the
     identity of whatever it holds later. `lox.spool` hands users a plain
-    logdict made from it."""
+    logdict made from it.
+
+    Its one child is the plain logdict with every repeated leaf replaced by
+    None, so that `jax.export` serializes it as a logdict and a tuple."""
 
     __slots__ = ("_where",)
 
@@ -38,16 +43,20 @@ class _SharedOnce(logdict):
 
     def _flatten(self):
         leaves, tree = jax.tree_util.tree_flatten(_plain(self))
-        first = {}
+        seen: set = set()
+        once = []
         for leaf, i in zip(leaves, self._where):
-            first.setdefault(i, leaf)
-        return [first[i] for i in range(len(first))], (tree, self._where)
+            once.append(None if i in seen else leaf)
+            seen.add(i)
+        return [jax.tree_util.tree_unflatten(tree, once)], self._where
 
     @classmethod
-    def _unflatten(cls, aux, unique):
-        tree, where = aux
-        logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
-        return cls.of(logs, where)
+    def _unflatten(cls, where, children):
+        leaves, tree = jax.tree_util.tree_flatten(children[0], is_leaf=lambda x: x is None)
+        first = {}
+        for leaf, i in zip(leaves, where):
+            first.setdefault(i, leaf)
+        return cls.of(jax.tree_util.tree_unflatten(tree, [first[i] for i in where]), where)
 
 
 def _plain(logs: logdict) -> logdict:
@@ -55,6 +64,11 @@ def _plain(logs: logdict) -> logdict:
 
 
 jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
+jax.export.register_pytree_node_serialization(
+    _SharedOnce, serialized_name="lox.spooled_logdict",
+    serialize_auxdata=lambda where: json.dumps(where).encode(),
+    deserialize_auxdata=lambda data: tuple(json.loads(data)),
+)
 
 
 class SpoolHandler(Handler):
@@ -260,22 +274,23 @@ def spool(
 
     def make_impl(get_fun):
         def spooled(*args, **kwargs):
-            out, logs = trace_and_interpret(get_fun(), handler, args, kwargs)
+            out, logs, _, changes = trace_and_interpret(get_fun(), handler, args, kwargs)
             if interval is not None:
                 logs = logs._every(interval)
             if reduce is not None:
                 logs = logs.reduce(reduce)
             if prefix:
                 logs = logs.prefix(prefix)
-            return out, _SharedOnce.of(logs)
+            return (out, _SharedOnce.of(logs)), changes
 
         return spooled
 
     config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix, max_events)
-    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames)
+    program = jitted(fun, config, make_impl, static_argnums, static_argnames)
 
     def call(*args, **kwargs):
-        out, shared = compiled(*args, **kwargs)
+        out, shared = program((), args, kwargs)
         return out, _plain(shared)
 
-    return wraps(fun, call, compiled)
+    # Lowered as it runs: with the steps shared by several keys returned once.
+    return Transformed(fun, call, static_argnums, static_argnames, lowered=lambda *args, **kwargs: program((), args, kwargs))

@@ -17,7 +17,7 @@ from lox_core.interpreter import StatefulHandler, in_while_predicate, single_eve
 from lox_core.logdict import event_count, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.spool import selection
-from lox_core.transform import jitted, static_arguments, trace_and_interpret, traced, wraps
+from lox_core.transform import Transformed, jitted, trace_and_interpret, traced
 
 
 def print_event(event: logdict) -> None:
@@ -427,39 +427,23 @@ def tap(
 
     def make_impl(get_fun):
         def tapped(token, *args, **kwargs):
-            out, _, (token, *_) = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
-            return out, token
+            out, _, (token, *_), changes = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
+            return (out, token), changes
 
         return tapped
 
     config = ("tap", handler.selection, callback, prefix, batched, buffer)
     # The token comes first (`leading=1`).
-    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=1)
+    program = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=1)
 
     def call(*args, **kwargs):
-        out, token = compiled(chain_start(), *args, **kwargs)
+        out, token = program((chain_start(),), args, kwargs)
         chain_end(token)
         if not traced((args, kwargs)):
             jax.effects_barrier()  # deliver every event before returning
         return out
 
-    return wraps(fun, call, compiled, _without_token(fun, compiled, 0, static_argnums, static_argnames))
-
-
-def _without_token(fun, compiled, leading: int, static_argnums, static_argnames) -> Callable:
-    """Makes the jitted function that `lower` and `trace` show: `compiled`
-    without the chain's token, which comes first, and without the token it
-    returns (`leading` arguments come before the user's, as `context` does)."""
-
-    def make():
-        def public(*args, **kwargs):
-            return compiled(np.int32(0), *args, **kwargs)[0]
-
-        public.__name__ = public.__qualname__ = getattr(fun, "__name__", "tapped")  # names the lowered module
-
-        return jax.jit(public, **static_arguments(fun, static_argnums, static_argnames, leading))
-
-    return make
+    return Transformed(fun, call, static_argnums, static_argnames)
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:
@@ -513,8 +497,8 @@ def tap_with_context(
         def tapped(token, context, *args, **kwargs):
             reset = _context.set(context)
             try:
-                out, _, (token, *_) = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
-                return out, token
+                out, _, (token, *_), changes = trace_and_interpret(get_fun(), handler, args, kwargs, carried=(token,))
+                return (out, token), changes
             finally:
                 _context.reset(reset)
 
@@ -522,14 +506,14 @@ def tap_with_context(
 
     config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
     # The token and `context` come first (`leading=2`).
-    compiled = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=2)
+    program = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=2)
 
     def call(context, *args, **kwargs):
-        out, token = compiled(chain_start(), context, *args, **kwargs)
+        out, token = program((chain_start(), context), args, kwargs)
         chain_end(token)
         if wait and not traced((context, args, kwargs)):
             jax.effects_barrier()
         return out
 
-    # `wraps` holds `fun`, which the cache refers to weakly.
-    return wraps(fun, call, compiled, _without_token(fun, compiled, 1, static_argnums, static_argnames))
+    # It holds `fun`, which the cache refers to weakly.
+    return Transformed(fun, call, static_argnums, static_argnames, leading=1)

@@ -1,15 +1,16 @@
-"""Turning a handler into a function transform: trace, interpret, jit, cache."""
+"""Turning a handler into a function transform: trace, interpret, jit, cache, write back."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 import jax
 import numpy as np
 
+from lox_core import arguments
 from lox_core.interpreter import Handler, interpret
 from lox_core.logdict import logdict
 
@@ -19,47 +20,65 @@ def traced(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict, carried=None):
-    """Run `fun(*args, **kwargs)` on the current trace with its logs handled:
-    ``(out, logs)``. For a handler that carries state, `carried` (if given) is
-    the state to start from, and the state at the end comes back too:
-    ``(out, logs, carried)``."""
+class Interpreted(NamedTuple):
+    """What `trace_and_interpret` gives back."""
+
+    out: Any  # the function's output
+    logs: logdict  # the logs the handler collected
+    carried: Any  # the handler's state at the end (None unless asked for)
+    changes: arguments.Changes | None  # what the function changed in its arguments
+
+
+def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: dict, carried=None) -> Interpreted:
+    """Run `fun(*args, **kwargs)` on the current trace with its logs handled.
+
+    For a handler that carries state, `carried` (if given) is the state to
+    start from, and the state at the end comes back too. Non-array leaves of
+    the arguments are constants and those of the output come back as they
+    are; what `fun` changed in its arguments comes back as `changes` (see
+    `lox_core.arguments`).
+    """
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     # Under jit every array argument is a tracer; anything else is a static value.
     dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
+    found: list = []  # set while `fun` is traced: how to rebuild its output, what it changed
 
     def flat_fun(*dynamic_leaves):
         filled = list(leaves)
         for i, x in zip(dynamic, dynamic_leaves):
             filled[i] = x
         a, k = jax.tree_util.tree_unflatten(tree, filled)
-        return fun(*a, **k)
+        out_arrays, rebuild = arguments.partition(fun(*a, **k))
+        changes = arguments.changes(handler.name, fun, tree, filled, a, k)
+        found[:] = [rebuild, changes]
+        return out_arrays, [] if changes is None else changes.arrays
 
-    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[leaves[i] for i in dynamic])
+    closed = jax.make_jaxpr(flat_fun)(*[leaves[i] for i in dynamic])
+    rebuild, changes = found
     with handler.session():
         if carried is not None:
             handler.resume(carried)
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
-        out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
-        return (out, logs) if carried is None else (out, logs, handler.carry())
+        n = len(outs) - (0 if changes is None else len(changes.arrays))
+        if changes is not None:
+            changes = arguments.Changes(changes.paths, outs[n:], changes.static, changes.where)
+        return Interpreted(rebuild(outs[:n]), logs, None if carried is None else handler.carry(), changes)
 
 
-# id(fun) → (weak reference to fun, {config: jitted}). Keyed by identity, not
+# id(fun) → (weak reference to fun, {config: Program}). Keyed by identity, not
 # equality: two distinct callables that compare equal must not share an entry
 # that holds only one of them.
 _cache: dict[int, tuple[weakref.ref, dict]] = {}
 _PER_FUNCTION = 32  # configurations kept per function (e.g. tap with a new lambda each call)
 
 
-def static_arguments(fun: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> dict:
-    """The static arguments of `fun`, as `jax.jit` options for a function that
-    takes `leading` arguments before `fun`'s.
+def static_arguments(fun: Callable, static_argnums=(), static_argnames=()) -> dict:
+    """The static arguments of `fun`, as `jax.jit` options.
 
     `jax.jit(fun, static_argnums=1)` also treats that parameter as static when
     it is passed by keyword (and `static_argnames` by position): it reads
-    `fun`'s signature. The functions lox jits in `fun`'s place take
-    ``(*args, **kwargs)``, so both are spelled out here, from `fun`'s
-    signature, with positions shifted by `leading`.
+    `fun`'s signature. lox's programs take ``(*args, **kwargs)``, so both are
+    spelled out here, from `fun`'s signature.
     """
     argnums = () if static_argnums is None else tuple(np.atleast_1d(static_argnums).tolist())
     argnames = () if static_argnames is None else (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
@@ -73,27 +92,51 @@ def static_arguments(fun: Callable, static_argnums=(), static_argnames=(), leadi
     either = {i: p.name for i, p in enumerate(parameters) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
     names = argnames + tuple(name for i, name in either.items() if i in argnums and name not in argnames)
     nums = argnums + tuple(i for i, name in either.items() if name in argnames and i not in argnums)
-    return {
-        "static_argnums": tuple(i + leading if i >= 0 else i for i in nums),
-        "static_argnames": names,
-    }
+    return {"static_argnums": nums, "static_argnames": names}
 
 
-def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0):
-    """`jax.jit(make_impl(fun))`, shared by every call with the same `fun` and `config`.
+class Program:
+    """A transform's compiled program: ``impl(*leading, *args, **kwargs) ->
+    (result, changes)`` under one `jax.jit`, called with filtered arguments
+    (see `lox_core.arguments`): the array leaves are its arguments, the rest
+    is static. Calling it writes the changes back into the caller's arguments
+    and returns the result."""
 
-    `make_impl` makes a function of `leading` arguments and then `fun`'s;
-    `static_argnums` and `static_argnames` are `fun`'s (see `static_arguments`).
-    Sharing the jitted function lets a fresh `lox.spool(f)` reuse the compiled
+    def __init__(self, impl: Callable, leading: int, static_argnums: tuple, static_argnames: tuple):
+        self.leading = leading
+        self.static_argnums, self.static_argnames = static_argnums, static_argnames
+
+        def flat(signature: arguments.Signature, *values):
+            args, kwargs = signature.rebuild(values[leading:])
+            result, changes = impl(*values[:leading], *args, **kwargs)
+            return arguments.Filtered.of(result), changes
+
+        self._jitted = jax.jit(flat, static_argnums=0)
+
+    def __call__(self, leading: tuple, args: tuple, kwargs: dict):
+        signature, dynamic = arguments.split(args, kwargs, self.static_argnums, self.static_argnames)
+        result, changes = self._jitted(signature, *leading, *dynamic)
+        if changes is not None:
+            changes.apply(args, kwargs)
+        return result.value()
+
+
+def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:
+    """The `Program` of ``make_impl(get_fun)``, shared by every call with the same `fun` and `config`.
+
+    `make_impl` makes ``impl(*leading, *args, **kwargs) -> (result, changes)``
+    from a function returning `fun`; `static_argnums` and `static_argnames` are
+    `fun`'s. Sharing the program lets a fresh `lox.spool(f)` reuse the compiled
     program of an earlier one without tracing `f` again. The cache holds `fun`
     weakly, so it does not keep functions (and what they close over) alive.
     """
-    static = static_arguments(fun, static_argnums, static_argnames, leading)
+    static = static_arguments(fun, static_argnums, static_argnames)
     key = (config, static["static_argnums"], static["static_argnames"])
-    make = lambda get_fun: jax.jit(make_impl(get_fun), **static)  # noqa: E731
+    make = lambda get_fun: Program(make_impl(get_fun), leading, **static)  # noqa: E731
     try:
         hash(key)
-        ref = weakref.ref(fun, lambda _, i=id(fun): _cache.pop(i, None))
+        # The cache is bound now: at interpreter exit the module's globals may be gone when `fun` is collected.
+        ref = weakref.ref(fun, lambda _, i=id(fun), cache=_cache: cache.pop(i, None))
     except TypeError:  # not weak-referenceable, or an unhashable option: no sharing
         return make(lambda: fun)
     entry = _cache.get(id(fun))
@@ -107,25 +150,42 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
     return per_fun[key]
 
 
-def wraps(fun: Callable, call: Callable, compiled, make_lowerable: Callable | None = None) -> Callable:
-    """The user-facing wrapper: keeps `fun` alive, exposes `lower`/`trace` of
-    `compiled`, or of the jitted function ``make_lowerable()`` makes on first
-    use (when `compiled` takes more than the user passes)."""
+class Transformed:
+    """The function a lox transform returns: calls `call`, and lowers or
+    traces the same computation under `jax.jit` with `fun`'s signature and
+    static arguments (`lower`, `trace`). It holds `fun` (the program cache
+    holds it only weakly)."""
 
-    @functools.wraps(fun)
-    def wrapper(*args, **kwargs):
-        return call(*args, **kwargs)
+    def __init__(self, fun: Callable, call: Callable, static_argnums=(), static_argnames=(), leading: int = 0,
+                 lowered: Callable | None = None):
+        # Not `functools.wraps`: it would copy `fun.__dict__`, and `jax.jit(self)`
+        # copies this one's, so attributes must not shadow `lower` and `trace`.
+        functools.update_wrapper(self, fun, updated=())
+        self._call = call
+        self._lowered = lowered or call
+        static = static_arguments(fun, static_argnums, static_argnames)
+        # `call` takes `leading` arguments before `fun`'s.
+        static["static_argnums"] = tuple(i + leading if i >= 0 else i for i in static["static_argnums"])
+        self._static = static
 
-    lowerable = functools.cache(make_lowerable or (lambda: compiled))
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
 
-    def lower(*args, **kwargs):
-        return lowerable().lower(*args, **kwargs)
+    @functools.cached_property
+    def _lowerable(self):
+        def public(*args, **kwargs):
+            return self._lowered(*args, **kwargs)
 
-    def trace(*args, **kwargs):
-        return lowerable().trace(*args, **kwargs)
+        public.__name__ = public.__qualname__ = getattr(self, "__name__", "lox")  # names the lowered module
+        return jax.jit(public, **self._static)
 
-    # `compiled` holds `fun` only weakly (see `jitted`); all three hold it
-    # (`functools.wraps` set the wrapper's), so that `lox.spool(f).lower(x)` works.
-    lower.__wrapped__ = trace.__wrapped__ = fun
-    wrapper.lower, wrapper.trace = lower, trace
-    return wrapper
+    def lower(self, *args, **kwargs):
+        """As `jax.jit(f).lower`: the lowered program of this call."""
+        return self._lowerable.lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        """As `jax.jit(f).trace`: the traced program of this call."""
+        return self._lowerable.trace(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<lox-transformed {getattr(self, '__name__', 'function')}>"

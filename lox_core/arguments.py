@@ -1,0 +1,331 @@
+"""A call's arguments on their way into a compiled program, and back.
+
+*Filtered arguments.* lox's transforms take pytrees whose leaves are not all
+arrays (an equinox model holds its activation function; a config holds
+strings), as `equinox.filter_jit` does: array leaves are traced, and every
+other leaf is static, part of the cache key (by value when it is hashable,
+by identity otherwise). Arrays are what `jax.jit` traces (JAX and NumPy
+arrays, Python numbers, `jax.Ref`s), so a new float still reuses the compiled
+program. Outputs are split the same way: non-array leaves come back as the
+function returned them when it was traced.
+
+*Changed arguments.* A function that updates its arguments in place (a
+flax.nnx model or optimizer, an `nnx.Variable`, a dict or list it assigns
+into) changes, under `jax.jit`, only the copies `jit` made of them. lox
+compares the arguments' leaves after the function ran with those it passed
+in, returns the changed ones as extra outputs of the compiled program, and
+writes them back into the caller's objects along their pytree paths: the
+caller's objects end as the function alone would have left them. A change of
+structure (an attribute added or removed, a static attribute changed) cannot
+be written back this way, and is an error at the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import numbers
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from lox_core import _compat
+
+tree_util = jax.tree_util
+
+# The types of most leaves, tested first: one dictionary lookup instead of isinstance.
+_ARRAY_TYPES = {float, int, bool, complex, np.ndarray}
+
+
+def is_array(x) -> bool:
+    """Whether lox traces the leaf `x` (as `jax.jit` would) or treats it as static."""
+    kind = type(x)
+    if kind in _ARRAY_TYPES:
+        return True
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, numbers.Number)) or _compat.is_ref(x):
+        if isinstance(x, numbers.Number) and not isinstance(x, (int, float, complex, np.generic)):
+            return False  # e.g. fractions.Fraction: not something jax.jit takes
+        _ARRAY_TYPES.add(kind) if kind is not bool else None
+        return True
+    return hasattr(x, "__jax_array__")
+
+
+# --- the static part of a call: the cache key ------------------------------------------
+class _Static:
+    """A static argument (`static_argnums`/`static_argnames`): one leaf, whatever
+    it holds, so that its own leaves are not traced."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _key_of(value):
+    """What a static leaf contributes to the cache key: itself when hashable
+    (compared by type and value), its identity otherwise."""
+    if isinstance(value, _Static):
+        value = value.value
+    try:
+        hash(value)
+    except TypeError:
+        return _Identity(value)
+    return value
+
+
+class _Identity:
+    """An unhashable static leaf, compared by identity (the key holds it, so
+    its id is not reused while the compiled program is cached)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __hash__(self):
+        return id(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.value is self.value
+
+
+class Signature:
+    """The static part of a call: the pytree structure of its arguments, and
+    its static leaves by position. Hashable: `jax.jit` caches on it."""
+
+    __slots__ = ("tree", "static", "_keys", "_hash")
+
+    def __init__(self, tree, static: tuple):
+        self.tree = tree
+        self.static = static  # ((position, leaf), ...)
+        self._keys = tuple((i, type(v), _key_of(v)) for i, v in static)
+        self._hash = hash((tree, self._keys))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if not isinstance(other, Signature) or self._hash != other._hash or self.tree != other.tree:
+            return False
+        try:
+            return bool(self._keys == other._keys)
+        except Exception:  # an __eq__ that does not return a bool (e.g. an array): compare identities
+            return all(a is b for (_, _, a), (_, _, b) in zip(self._keys, other._keys))
+
+    def rebuild(self, dynamic: list) -> tuple[tuple, dict]:
+        """The call's ``(args, kwargs)`` with `dynamic` as its array leaves."""
+        leaves = list(dynamic)
+        for i, value in self.static:
+            leaves.insert(i, value.value if isinstance(value, _Static) else value)
+        return tree_util.tree_unflatten(self.tree, leaves)
+
+
+def split(args: tuple, kwargs: dict, static_argnums: tuple = (), static_argnames: tuple = ()) -> tuple[Signature, list]:
+    """A call's static part (its `Signature`) and its array leaves."""
+    if static_argnums or static_argnames:
+        args = tuple(_Static(a) if i in static_argnums or i - len(args) in static_argnums else a
+                     for i, a in enumerate(args))
+        kwargs = {k: _Static(v) if k in static_argnames else v for k, v in kwargs.items()}
+    leaves, tree = tree_util.tree_flatten((args, kwargs))
+    dynamic, static = [], []
+    for i, leaf in enumerate(leaves):
+        if is_array(leaf):
+            dynamic.append(leaf)
+        else:
+            static.append((i, leaf))
+    return Signature(tree, tuple(static)), dynamic
+
+
+# --- outputs with non-array leaves ----------------------------------------------------------
+class Filtered:
+    """An output pytree that leaves a compiled program as its array leaves
+    only; the rest comes back from the trace as it was. `value` is the
+    original pytree."""
+
+    __slots__ = ("tree", "static", "arrays")
+
+    def __init__(self, tree, static: tuple, arrays: list):
+        self.tree, self.static, self.arrays = tree, static, arrays
+
+    @classmethod
+    def of(cls, value) -> "Filtered":
+        leaves, tree = tree_util.tree_flatten(value)
+        return cls(tree, tuple((i, x) for i, x in enumerate(leaves) if not is_array(x)), [x for x in leaves if is_array(x)])
+
+    def value(self):
+        leaves = list(self.arrays)
+        for i, x in self.static:
+            leaves.insert(i, x)
+        return tree_util.tree_unflatten(self.tree, leaves)
+
+
+tree_util.register_pytree_node(
+    Filtered, lambda f: (f.arrays, (f.tree, f.static)), lambda aux, arrays: Filtered(aux[0], aux[1], list(arrays))
+)
+
+
+def partition(value) -> tuple[list, Callable[[list], Any]]:
+    """`value`'s array leaves, and a function that puts new ones in their place."""
+    node = Filtered.of(value)
+    tree, static = node.tree, node.static  # not the arrays: they may be tracers of a finished trace
+    return node.arrays, lambda arrays: Filtered(tree, static, list(arrays)).value()
+
+
+# --- what a function changed in its arguments ------------------------------------------------
+class Changes:
+    """The leaves a traced function changed in its arguments: their paths from
+    ``(args, kwargs)``, the new arrays (outputs of the compiled program) and
+    the new static leaves. `apply` writes them into the caller's objects."""
+
+    __slots__ = ("paths", "arrays", "static", "where")
+
+    def __init__(self, paths: tuple, arrays: list, static: tuple, where: str):
+        self.paths = paths  # one key path per array
+        self.arrays = arrays
+        self.static = static  # ((path, value), ...)
+        self.where = where  # the transform and function, for error messages
+
+    def apply(self, args: tuple, kwargs: dict) -> None:
+        """Write the changes into the caller's `args` and `kwargs`."""
+        writes = dict(zip(self.paths, self.arrays))
+        writes.update(self.static)
+        with warnings.catch_warnings():
+            # Pytree paths name attributes that some libraries now want set another
+            # way (flax's `Variable.value`); lox writes through the path the library registered.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _write((args, kwargs), writes, self.where)
+
+
+tree_util.register_pytree_node(
+    Changes,
+    lambda c: (c.arrays, (c.paths, c.static, c.where)),
+    lambda aux, arrays: Changes(aux[0], list(arrays), aux[1], aux[2]),
+)
+
+
+def changes(where: str, fun: Callable, tree, before: list, after_args: tuple, after_kwargs: dict) -> Changes | None:
+    """What `fun` changed in the arguments it was called with: `before` are the
+    leaves it got, `after_args`/`after_kwargs` the objects it got, now.
+    Raises when it changed their structure. None when nothing changed."""
+    after, after_tree = tree_util.tree_flatten((after_args, after_kwargs))
+    if after_tree != tree:
+        raise ValueError(_structure_message(where, fun, tree, after_args, after_kwargs))
+    changed = [i for i, (b, a) in enumerate(zip(before, after)) if a is not b]
+    if not changed:
+        return None
+    paths = [path for path, _ in tree_util.tree_flatten_with_path((after_args, after_kwargs))[0]]
+    arrays = [i for i in changed if is_array(after[i])]
+    static = tuple((paths[i], after[i]) for i in changed if not is_array(after[i]))
+    return Changes(tuple(paths[i] for i in arrays), [after[i] for i in arrays], static, where)
+
+
+def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dict) -> str:
+    args_tree, kwargs_tree = tree.children()
+    before = dict(zip(_argument_names(fun, len(args), kwargs), [*args_tree.children(), *kwargs_tree.children()]))
+    for name, value in zip(before, [*args, *kwargs.values()]):
+        was, now = before[name], tree_util.tree_structure(value)
+        if was == now:
+            continue
+        old = {tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tree_util.tree_unflatten(was, [0] * was.num_leaves))[0]}
+        new = {tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]}
+        added, removed = sorted(new - old), sorted(old - new)
+        detail = (f"it added {_listed(name, added)}" if added else "") + (
+            (" and " if added else "") + f"removed {_listed(name, removed)}" if removed else "")
+        if not detail:
+            detail = "it changed a static (non-array) attribute inside it, such as a flag or a submodule's configuration"
+        return (
+            f"`{where}` cannot write back what the function did to its argument `{name}`: {detail}. "
+            "lox writes changed array values back into the objects you passed (parameters, optimizer "
+            "state, RNG counts), but not a change of their structure. Return the new object from the "
+            f"function instead (e.g. `return loss, {name}`), or make the change before calling it."
+        )
+    return f"`{where}`: the function changed the structure of its arguments, which lox cannot write back."
+
+
+def _listed(name: str, paths: list[str]) -> str:
+    shown = ", ".join(f"`{name}{p}`" for p in paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def _argument_names(fun: Callable, count: int, kwargs: dict) -> list[str]:
+    """The names of a call's positional arguments (from `fun`'s signature where
+    it names them, ``args[i]`` otherwise), then its keyword arguments."""
+    try:
+        parameters = [p.name for p in inspect.signature(fun).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        parameters = []
+    names = [parameters[i] if i < len(parameters) else f"args[{i}]" for i in range(count)]
+    return names + list(kwargs)
+
+
+# --- writing back -------------------------------------------------------------------------------
+class _Unsettable(Exception):
+    pass
+
+
+def _child(node, key):
+    if isinstance(key, tree_util.GetAttrKey):
+        return getattr(node, key.name)
+    if isinstance(key, tree_util.DictKey):
+        return node[key.key]
+    if isinstance(key, tree_util.SequenceKey):
+        return node[key.idx]
+    return _children(node)[key]
+
+
+def _children(node) -> dict:
+    """The children of one pytree node, by key."""
+    pairs, _ = tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    return {path[0]: child for path, child in pairs}
+
+
+def _set(node, key, value) -> None:
+    try:
+        if isinstance(key, tree_util.GetAttrKey):
+            if isinstance(node, tuple) or (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen):
+                raise _Unsettable
+            setattr(node, key.name, value)
+        elif isinstance(key, tree_util.DictKey) and isinstance(node, dict):
+            node[key.key] = value
+        elif isinstance(key, tree_util.SequenceKey) and isinstance(node, list):
+            node[key.idx] = value
+        else:
+            raise _Unsettable
+    except (AttributeError, TypeError) as e:
+        raise _Unsettable from e
+
+
+def _rebuilt(node, new_children: dict):
+    """A copy of the immutable `node` with some children replaced."""
+    pairs, tree = tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    return tree_util.tree_unflatten(tree, [new_children.get(path[0], child) for path, child in pairs])
+
+
+def _write(root, writes: dict, where: str) -> None:
+    """Set each ``path: value`` of `writes` in `root`, deepest first. A child
+    of an immutable node (a tuple, a frozen dataclass) is written by
+    rebuilding that node in its own parent."""
+    pending = dict(writes)
+    while pending:
+        depth = max(len(path) for path in pending)
+        by_parent: dict = {}
+        for path in [p for p in pending if len(p) == depth]:
+            by_parent.setdefault(path[:-1], {})[path[-1]] = pending.pop(path)
+        for parent_path, children in by_parent.items():
+            parent = root
+            for key in parent_path:
+                parent = _child(parent, key)
+            try:
+                for key, value in children.items():
+                    _set(parent, key, value)
+            except _Unsettable:
+                if len(parent_path) <= 2:  # an argument itself: the caller's variable, out of reach
+                    raise ValueError(
+                        f"`{where}` cannot write back a change inside an immutable argument "
+                        f"(`{tree_util.keystr(parent_path)}`): the function changed it in place. Return the new "
+                        "value from the function instead."
+                    ) from None
+                pending[parent_path] = _rebuilt(parent, children)
