@@ -228,11 +228,11 @@ def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dic
         was, now = before[name], tree_util.tree_structure(value)
         if was == now:
             continue
-        old = {tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tree_util.tree_unflatten(was, [0] * was.num_leaves))[0]}
-        new = {tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]}
-        added, removed = sorted(new - old), sorted(old - new)
+        old = _paths(tree_util.tree_unflatten(was, [0] * was.num_leaves))
+        new = _paths(value)
+        added, removed = _first_differing(new, old), _first_differing(old, new)
         detail = (f"it added {_listed(name, added)}" if added else "") + (
-            (" and " if added else "") + f"removed {_listed(name, removed)}" if removed else "")
+            (" and " if added else "it ") + f"removed {_listed(name, removed)}" if removed else "")
         if not detail:
             detail = "it changed a static (non-array) attribute inside it, such as a flag or a submodule's configuration"
         return (
@@ -242,6 +242,23 @@ def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dic
             f"function instead (e.g. `return loss, {name}`), or make the change before calling it."
         )
     return f"`{where}`: the function changed the structure of its arguments, which lox cannot write back."
+
+
+def _paths(tree) -> list[tuple]:
+    return [path for path, _ in tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _first_differing(paths: list[tuple], others: list[tuple]) -> list[str]:
+    """For each path of `paths` that `others` lack, its shortest prefix that
+    no path of `others` starts with (the attribute added, not its leaves)."""
+    known = {path[:i] for path in others for i in range(len(path) + 1)}
+    found = []
+    for path in paths:
+        if path in known:
+            continue
+        prefix = next(path[:i] for i in range(1, len(path) + 1) if path[:i] not in known)
+        found.append(tree_util.keystr(prefix))
+    return sorted(set(found))
 
 
 def _listed(name: str, paths: list[str]) -> str:

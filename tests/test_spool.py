@@ -963,3 +963,32 @@ def test_spooled_programs_outputs_keep_a_stable_structure():
 def test_steps_from_python_ints_through_jit_are_not_weakly_typed():
     out, logs = jax.jit(lambda x, i: lox.spool(lambda x: (lox.log({"x": x}, step=i), x)[1])(x))(1.0, 3)
     assert logs.step["x"].tolist() == [3] and not logs.step["x"].weak_type
+
+
+# --- jax.export -----------------------------------------------------------------------------
+def test_an_exported_spooled_function_serializes_and_calls_back_to_the_same_logs():
+    from jax import export
+
+    def f(xs):
+        def step(c, x):
+            c = c + x
+            lox.log({"c": c, "x": x}, step=x)
+            return c, None
+
+        c = jax.lax.scan(step, 0, xs)[0]
+        jax.lax.cond(c > 3, lambda: (lox.log({"big": c}, epoch=1), None)[1], lambda: None)
+        return c
+
+    def by_hand(xs):
+        return xs.sum(), jnp.cumsum(xs), xs, xs.sum() > 3
+
+    xs = jnp.arange(4)
+    want_out, want_c, want_x, big = by_hand(xs)
+    for exportable in (jax.jit(lox.spool(f)), lox.spool(f)):
+        exported = export.export(exportable)(jax.ShapeDtypeStruct(xs.shape, xs.dtype))
+        out, logs = export.deserialize(exported.serialize()).call(xs)
+        assert int(out) == int(want_out)
+        assert isinstance(logs, lox.logdict) and list(logs) == ["c", "x", "big"]
+        assert logs["c"].tolist() == want_c.tolist() and logs["x"].tolist() == want_x.tolist()
+        assert logs.step["c"].tolist() == logs.step["x"].tolist() == xs.tolist()
+        assert logs.valid["big"].tolist() == [bool(big)] and logs.epoch["big"].tolist() == [1]

@@ -1,0 +1,132 @@
+"""`lox.log` of sharded arrays: meshes with explicit axes (the default of
+`jax.make_mesh` since JAX 0.9), auto axes, and manual axes inside `jax.shard_map`,
+on eight CPU devices (see conftest.py). Logged values equal the unsharded
+computation, and the event axis lox adds is never sharded.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import lox
+from conftest import DEVICES
+
+STEPS = 3
+
+
+@pytest.fixture(params=["default", "Explicit", "Auto"])
+def mesh(request):
+    assert len(jax.devices()) == DEVICES
+    if request.param == "default":
+        return jax.make_mesh((DEVICES,), ("d",))
+    return jax.make_mesh((DEVICES,), ("d",), axis_types=(getattr(AxisType, request.param),))
+
+
+def sharded(mesh):
+    x = jnp.arange(2.0 * DEVICES).reshape(DEVICES, 2) / DEVICES
+    return jax.device_put(x, NamedSharding(mesh, P("d")))
+
+
+def program(x):
+    lox.log({"x": x, "total": x.sum()}, step=0)
+
+    def body(c, i):
+        c = jnp.tanh(c * 1.5)
+        lox.log({"c": c}, step=i)
+        return c, None
+
+    return jax.lax.scan(body, x, jnp.arange(1, STEPS + 1))[0]
+
+
+def by_hand(x):
+    """The same computation on one device, the logged values carried out by hand."""
+    x = np.asarray(x)
+    cs = [x]
+    for _ in range(STEPS):
+        cs.append(np.tanh(cs[-1] * 1.5))
+    return {"out": cs[-1], "x": x[None], "total": x.sum()[None], "c": np.stack(cs[1:])}
+
+
+def assert_unsharded_event_axis(logs):
+    for key, value in logs.items():
+        assert value.sharding.shard_shape(value.shape)[0] == value.shape[0], key
+
+
+def assert_logged_as_by_hand(logs, want):
+    for key in ("x", "total", "c"):
+        np.testing.assert_allclose(np.asarray(logs[key]), want[key], rtol=1e-6, err_msg=key)
+    assert logs.step["c"].tolist() == list(range(1, STEPS + 1))
+
+
+def test_spooled_logs_of_sharded_arrays_equal_the_unsharded_computation(mesh):
+    x = sharded(mesh)
+    want = by_hand(x)
+    with jax.set_mesh(mesh):
+        for spooled in (lox.spool(program), jax.jit(lox.spool(program))):
+            out, logs = spooled(x)
+            np.testing.assert_allclose(out, want["out"], rtol=1e-6)
+            assert out.sharding.is_equivalent_to(x.sharding, out.ndim)
+            assert_logged_as_by_hand(logs, want)
+            assert_unsharded_event_axis(logs)
+    out, logs = lox.spool(program)(x)  # without a mesh in context: the arrays carry it
+    assert_logged_as_by_hand(logs, want)
+
+
+def test_tapped_unlogged_and_printed_sharded_arrays(mesh, capfd):
+    x = sharded(mesh)
+    want = by_hand(x)
+    events = []
+    with jax.set_mesh(mesh):
+        out = lox.tap(program, events.append)(x)
+        np.testing.assert_allclose(out, want["out"], rtol=1e-6)
+        assert [list(e) for e in events] == [["x", "total"]] + [["c"]] * STEPS
+        np.testing.assert_allclose(events[0]["x"], want["x"], rtol=1e-6)
+        np.testing.assert_allclose(np.concatenate([e["c"] for e in events[1:]]), want["c"], rtol=1e-6)
+        np.testing.assert_allclose(lox.nolog(program)(x), want["out"], rtol=1e-6)
+        capfd.readouterr()
+        jax.jit(program)(x)  # no transform: the default console output
+        jax.effects_barrier()
+    events = [line for line in capfd.readouterr().out.splitlines() if line.startswith("[step=")]
+    assert sorted(line.split("]")[0] for line in events) == [f"[step={i}" for i in range(STEPS + 1)]
+    assert any(line.startswith("[step=0] x=") for line in events)
+
+
+def test_loggers_write_sharded_arrays(mesh):
+    x = sharded(mesh)
+    want = by_hand(x)
+    with jax.set_mesh(mesh):
+        logger = lox.loggers.MemoryLogger()
+        run = logger.init(name="sharded")  # under a mesh too
+        logger.spool(program, run)(x)
+        logger.tap(program, run)(x)
+        out, logs = lox.spool(program)(x)
+        logger.log(run, logs)
+        logger.finish(run)
+    written = logger.backends[0].logs()
+    for key in ("x", "total", "c"):
+        np.testing.assert_allclose(np.asarray(written[key]), np.concatenate([want[key]] * 3), rtol=1e-6, err_msg=key)
+
+
+def test_inside_shard_map_each_device_logs_its_own_block(mesh):
+    x = sharded(mesh)
+
+    def block(x):
+        lox.log({"block": x, "device_sum": x.sum()})
+        return 2 * x
+
+    mapped = jax.shard_map(block, mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+    events = []
+    with jax.set_mesh(mesh):
+        out = lox.tap(mapped, events.append)(x)
+        np.testing.assert_allclose(out, 2 * np.asarray(x))
+        np.testing.assert_allclose(lox.nolog(mapped)(x), 2 * np.asarray(x))
+        with pytest.raises(ValueError, match=r"cannot collect logs \(keys 'block', 'device_sum'\) from inside `jax.shard_map`"):
+            lox.spool(mapped)(x)
+    assert len(events) == DEVICES
+    blocks = sorted(e["block"][0].tolist() for e in events)
+    assert blocks == sorted(np.asarray(x).reshape(DEVICES, 1, 2).tolist())
+    for e in events:
+        np.testing.assert_allclose(e["device_sum"][0], e["block"][0].sum(), rtol=1e-6)
