@@ -20,9 +20,11 @@ JAX_RELEASES = ["0.10", "0.9", "0.8"]
 @nox.session
 @nox.parametrize("jax", JAX_RELEASES)
 def tests(session, jax):
-    # The example third-party plugin of plugins.md is installed like any plugin.
-    session.install("-e", ".[test,all]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
-    session.run("python", "-c", "import jax; print('JAX', jax.__version__)")
+    # The example third-party plugin of plugins.md is installed like any plugin; flax, equinox and
+    # optax (the `frameworks` extra) resolve to releases that support each JAX release.
+    session.install("-e", ".[test,all,frameworks]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
+    session.run("python", "-c", "import jax, flax, equinox, optax; print('JAX', jax.__version__, 'flax', flax.__version__, "
+                "'equinox', equinox.__version__, 'optax', optax.__version__)")
     session.run("pytest", "-q", *session.posargs)
 
 
@@ -37,7 +39,7 @@ def quickstart(session):
 
 @nox.session
 def benchmarks(session):
-    session.install("-e", ".")
+    session.install("-e", ".[frameworks]")
     session.run("python", "-m", "benchmarks", *session.posargs)
 
 

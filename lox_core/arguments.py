@@ -325,6 +325,14 @@ def _write(root, writes: dict, where: str) -> None:
     """Set each ``path: value`` of `writes` in `root`, deepest first. A child
     of an immutable node (a tuple, a frozen dataclass) is written by
     rebuilding that node in its own parent."""
+    nodes = {(): root}  # the nodes on the paths, each found once
+
+    def node_at(path):
+        node = nodes.get(path)
+        if node is None:
+            node = nodes[path] = _child(node_at(path[:-1]), path[-1])
+        return node
+
     pending = dict(writes)
     while pending:
         depth = max(len(path) for path in pending)
@@ -332,14 +340,14 @@ def _write(root, writes: dict, where: str) -> None:
         for path in [p for p in pending if len(p) == depth]:
             by_parent.setdefault(path[:-1], {})[path[-1]] = pending.pop(path)
         for parent_path, children in by_parent.items():
-            parent = root
-            for key in parent_path:
-                parent = _child(parent, key)
+            if len(parent_path) < 2:  # `args` or `kwargs` itself: the caller's variables, out of reach
+                raise ValueError(f"`{where}` cannot write back a change of the arguments themselves.")
+            parent = node_at(parent_path)
             try:
                 for key, value in children.items():
                     _set(parent, key, value)
             except _Unsettable:
-                if len(parent_path) <= 2:  # an argument itself: the caller's variable, out of reach
+                if len(parent_path) == 2:  # an argument that is immutable: its new value cannot reach the caller
                     raise ValueError(
                         f"`{where}` cannot write back a change inside an immutable argument "
                         f"(`{tree_util.keystr(parent_path)}`): the function changed it in place. Return the new "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -35,11 +36,18 @@ def default_enabled() -> bool:
     return _mode == "console"
 
 
+# Devices call back from threads of their own (inside `shard_map`): one whole line at a time.
+_print_lock = threading.Lock()
+
+
 def default_output(site, operands) -> None:
     if not default_enabled():
         return
     values, steps = site.split([np.asarray(x) for x in operands])
-    print(format_event(values, steps), file=sys.stdout, flush=True)
+    line = format_event(values, steps) + "\n"
+    with _print_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def format_event(values: dict, steps: dict) -> str:

@@ -12,7 +12,9 @@ def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
     """Return `fun` with every `lox.log` inside it removed, also in nested jits.
 
     The result is jitted; its compiled program has no host callback and nothing
-    the same function without `lox.log` calls would lack.
+    the same function without `lox.log` calls would lack. Arguments are taken
+    as `lox.spool` takes them: non-array leaves are static, and what `fun`
+    changes in its arguments in place is written back.
 
     >>> import jax.numpy as jnp, lox
     >>> def f(x):

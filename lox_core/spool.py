@@ -12,7 +12,7 @@ import numpy as np
 
 from lox_core import _compat, bounded
 from lox_core.buffer import kinds_in
-from lox_core.interpreter import Handler, Selection, StatefulHandler, in_while_predicate, single_event, unique_objects
+from lox_core.interpreter import Handler, Selection, StatefulHandler, in_while_predicate, single_event
 from lox_core.logdict import REDUCTIONS, logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import Transformed, jitted, trace_and_interpret
@@ -22,41 +22,89 @@ class _SharedOnce(logdict):
     """Spooled logs as the output of spool's compiled program: a logdict whose
     pytree holds each distinct array once. The keys of one event share one step
     array, which would otherwise be an output per key (and XLA copies an array
-    output twice). Which leaves are the same is fixed when the object is built
+    output twice). Which arrays are the same is fixed when the object is built
     (from the traced arrays), so its pytree structure never depends on the
     identity of whatever it holds later. `lox.spool` hands users a plain
     logdict made from it.
 
-    Its one child is the plain logdict with every repeated leaf replaced by
-    None, so that `jax.export` serializes it as a logdict and a tuple."""
+    Its one child is the plain logdict with each repeated array replaced by
+    None; the pytree's static part names those places and where their array
+    is, in strings and numbers, so that `jax.export` can serialize it."""
 
-    __slots__ = ("_where",)
+    __slots__ = ("_holes",)
 
     @classmethod
-    def of(cls, logs: logdict, where=None) -> "_SharedOnce":
+    def of(cls, logs: logdict, holes=None) -> "_SharedOnce":
         shared = cls._trusted(dict(logs), logs.steps)
         shared._valid, shared._totals = dict(logs._valid), dict(logs._totals)
-        if where is None:
-            where = tuple(unique_objects(jax.tree_util.tree_leaves(_plain(shared)))[1])
-        shared._where = where
+        if holes is None:  # each array held again: (its place, the place it is first held)
+            first: dict = {}
+            repeated = []
+            for place, x in _places(logs):
+                source = first.setdefault(id(x), place)
+                if source != place:
+                    repeated.append((place, source))
+            holes = tuple(repeated)
+        shared._holes = holes
         return shared
 
     def _flatten(self):
-        leaves, tree = jax.tree_util.tree_flatten(_plain(self))
-        seen: set = set()
-        once = []
-        for leaf, i in zip(leaves, self._where):
-            once.append(None if i in seen else leaf)
-            seen.add(i)
-        return [jax.tree_util.tree_unflatten(tree, once)], self._where
+        holey = _plain(self)
+        holey._steps = {name: dict(per_key) for name, per_key in holey._steps.items()}
+        holey._totals = {k: list(t) for k, t in holey._totals.items()}
+        for place, _ in self._holes:
+            _put(holey, place, None)
+        holey._totals = {k: tuple(t) for k, t in holey._totals.items()}
+        return [holey], self._holes
 
     @classmethod
-    def _unflatten(cls, where, children):
-        leaves, tree = jax.tree_util.tree_flatten(children[0], is_leaf=lambda x: x is None)
-        first = {}
-        for leaf, i in zip(leaves, where):
-            first.setdefault(i, leaf)
-        return cls.of(jax.tree_util.tree_unflatten(tree, [first[i] for i in where]), where)
+    def _unflatten(cls, holes, children):
+        logs = children[0]
+        if holes:
+            logs._totals = {k: list(t) for k, t in logs._totals.items()}
+            for place, source in holes:
+                _put(logs, place, _at(logs, source))
+            logs._totals = {k: tuple(t) for k, t in logs._totals.items()}
+        return cls.of(logs, holes)
+
+
+def _places(logs: logdict):
+    """Each array a logdict holds directly, with its place: ("data", key),
+    ("steps", name, key), ("valid", key) or ("totals", key, 0 or 1)."""
+    for key, value in logs.items():
+        if hasattr(value, "shape"):  # not a pytree of arrays
+            yield ("data", key), value
+    for name, per_key in logs._steps.items():
+        for key, s in per_key.items():
+            yield ("steps", name, key), s
+    for key, mask in logs._valid.items():
+        yield ("valid", key), mask
+    for key, counts in logs._totals.items():
+        for i, count in enumerate(counts):
+            yield ("totals", key, i), count
+
+
+def _at(logs: logdict, place):
+    what, *where = place
+    if what == "data":
+        return logs[where[0]]
+    if what == "steps":
+        return logs._steps[where[0]][where[1]]
+    if what == "valid":
+        return logs._valid[where[0]]
+    return logs._totals[where[0]][where[1]]
+
+
+def _put(logs: logdict, place, value) -> None:
+    what, *where = place
+    if what == "data":
+        dict.__setitem__(logs, where[0], value)
+    elif what == "steps":
+        logs._steps[where[0]][where[1]] = value
+    elif what == "valid":
+        logs._valid[where[0]] = value
+    else:  # totals, as lists while they are filled
+        logs._totals[where[0]][where[1]] = value
 
 
 def _plain(logs: logdict) -> logdict:
@@ -66,8 +114,8 @@ def _plain(logs: logdict) -> logdict:
 jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
 jax.export.register_pytree_node_serialization(
     _SharedOnce, serialized_name="lox.spooled_logdict",
-    serialize_auxdata=lambda where: json.dumps(where).encode(),
-    deserialize_auxdata=lambda data: tuple(json.loads(data)),
+    serialize_auxdata=lambda holes: json.dumps(holes).encode(),
+    deserialize_auxdata=lambda data: tuple((tuple(place), tuple(source)) for place, source in json.loads(data)),
 )
 
 
@@ -212,6 +260,22 @@ def spool(
         of each key per run of the outermost such loop (see below).
       static_argnums: as in `jax.jit`.
       static_argnames: as in `jax.jit`.
+
+    *Arguments.* Array leaves of the arguments (JAX and NumPy arrays, Python
+    numbers) are traced; every other leaf (a function, a string, an object)
+    is static, as under `eqx.filter_jit`: part of the cache key, by value when
+    hashable and by identity otherwise (`static_argnums` makes a whole argument
+    static). Non-array leaves of the output come back as `fun` returned them.
+    When `fun` updates its arguments in place (a flax.nnx model or optimizer,
+    an `nnx.Variable`, a dict it assigns into), the array leaves it changed are
+    written back into the objects passed, which end as `fun` alone would have
+    left them; a change of their structure (an attribute added, a static flag
+    changed) raises at the call.
+
+    *Conditionals.* A key that the branches of a `cond`/`switch` log
+    differently (some not at all, or a different number of times) comes back
+    padded to the most events any branch logs, with ``logs.valid[key]`` true
+    on the events of the branch that ran (as for `max_events` below).
 
     Events that `argnames`/`tags` do not select stay in the function as logs,
     for an enclosing transform (or the default console output) to handle. The

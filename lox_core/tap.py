@@ -397,6 +397,9 @@ def tap(
     per event with the whole arrays; inside `jax.shard_map`, once per device
     with that device's values, each device's events in program order.
 
+    Arguments are taken as `lox.spool` takes them: non-array leaves are static,
+    and what `fun` changes in its arguments in place is written back.
+
     The tapped function is jitted. Called with concrete arrays, it returns only
     after every callback has run; inside an enclosing `jax.jit`, call
     `jax.effects_barrier()` to wait for them.

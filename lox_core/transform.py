@@ -109,7 +109,8 @@ class Program:
         def flat(signature: arguments.Signature, *values):
             args, kwargs = signature.rebuild(values[leading:])
             result, changes = impl(*values[:leading], *args, **kwargs)
-            return arguments.Filtered.of(result), changes
+            filtered = arguments.Filtered.of(result)
+            return (filtered if filtered.static else result), changes
 
         self._jitted = jax.jit(flat, static_argnums=0)
 
@@ -118,7 +119,8 @@ class Program:
         result, changes = self._jitted(signature, *leading, *dynamic)
         if changes is not None:
             changes.apply(args, kwargs)
-        return result.value()
+        # An output with non-array leaves leaves the program as a `Filtered` node.
+        return result.value() if type(result) is arguments.Filtered else result
 
 
 def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:

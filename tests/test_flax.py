@@ -135,15 +135,20 @@ def test_tapped_and_unlogged_steps_train_the_model_as_nnx_jit_does(form):
         assert_same_values(spooled_values(events), want_values)
 
 
+@pytest.mark.parametrize("inside_nnx_jit", [False, True])
 @pytest.mark.parametrize("method", ["spool", "tap"])
-def test_logger_methods_train_the_model_and_write_every_step(method):
+def test_logger_methods_train_the_model_and_write_every_step(method, inside_nnx_jit):
     want_state, want_losses, want_values = reference()
     logger = lox.loggers.MemoryLogger()
     run = logger.init(name="nnx")
     model, opt = make()
     x, y = data()
-    step = getattr(logger, method)(logged_step, run)
-    losses = [float(step(model, opt, x, y)) for _ in range(STEPS)]
+    if inside_nnx_jit:
+        step = nnx.jit(lambda model, opt, run, x, y: getattr(logger, method)(logged_step, run)(model, opt, x, y))
+        losses = [float(step(model, opt, run, x, y)) for _ in range(STEPS)]
+    else:
+        step = getattr(logger, method)(logged_step, run)
+        losses = [float(step(model, opt, x, y)) for _ in range(STEPS)]
     logger.finish(run)
     assert_same_state(state(model, opt), want_state)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6)

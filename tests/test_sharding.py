@@ -99,15 +99,17 @@ def test_loggers_write_sharded_arrays(mesh):
     want = by_hand(x)
     with jax.set_mesh(mesh):
         logger = lox.loggers.MemoryLogger()
-        run = logger.init(name="sharded")  # under a mesh too
-        logger.spool(program, run)(x)
-        logger.tap(program, run)(x)
+        runs = {how: logger.init(name=how) for how in ("spool", "tap", "log")}  # under a mesh too
+        logger.spool(program, runs["spool"])(x)
+        logger.tap(program, runs["tap"])(x)
         out, logs = lox.spool(program)(x)
-        logger.log(run, logs)
-        logger.finish(run)
-    written = logger.backends[0].logs()
-    for key in ("x", "total", "c"):
-        np.testing.assert_allclose(np.asarray(written[key]), np.concatenate([want[key]] * 3), rtol=1e-6, err_msg=key)
+        logger.log(runs["log"], logs)
+        for run in runs.values():
+            logger.finish(run)
+    for run in logger.runs():
+        written = logger.backends[0].logs(run.run_id)
+        for key in ("x", "total", "c"):
+            np.testing.assert_allclose(np.asarray(written[key]), want[key], rtol=1e-6, err_msg=f"{run.name}: {key}")
 
 
 def test_inside_shard_map_each_device_logs_its_own_block(mesh):
