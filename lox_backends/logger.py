@@ -34,7 +34,7 @@ import lox_core.tap
 from lox_backends import hooks
 from lox_backends.config import BackendConfig, parse
 from lox_backends.registry import registry
-from lox_core.host import host_call
+from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import ARROW_COLUMNS as RESERVED_COLUMNS
 from lox_core.logdict import NO_STEP, concat, logdict
 from lox_core.transform import traced
@@ -347,7 +347,8 @@ class Logger:
                     "the spool, with one run per element (`jax.vmap(logger.init)`)."
                 )
         if traced((state, logs)):
-            host_call(self._receive_batch, state.run, logs, guarded=False)
+            # Chained, not ordered: an ordered effect is refused on more than one device.
+            chain_end(host_call(self._receive_batch, state.run, logs, guarded=False, token=chain_start()))
             return
         run = state.run
         batch_shape = np.shape(run)

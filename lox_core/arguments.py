@@ -2,12 +2,14 @@
 
 *Filtered arguments.* lox's transforms take pytrees whose leaves are not all
 arrays (an equinox model holds its activation function; a config holds
-strings), as `equinox.filter_jit` does: array leaves are traced, and every
-other leaf is static, part of the cache key (by value when it is hashable,
-by identity otherwise). Arrays are what `jax.jit` traces (JAX and NumPy
-arrays, Python numbers, `jax.Ref`s), so a new float still reuses the compiled
-program. Outputs are split the same way: non-array leaves come back as the
-function returned them when it was traced.
+strings), as `equinox.filter_jit` does: array leaves (JAX and NumPy arrays,
+`jax.Ref`s) are traced, and every other leaf is static, part of the cache
+key (by value when it is hashable, by identity otherwise). Python numbers
+are traced where `jax.jit` traces them, as arguments or in tuples, lists and
+dicts, so that a new float reuses the compiled program; inside any other
+node (a module's field) they are static, as `equinox.filter_jit` keeps them.
+Outputs are split the same way: non-array leaves come back as the function
+returned them when it was traced.
 
 *Changed arguments.* A function that updates its arguments in place (a
 flax.nnx model or optimizer, an `nnx.Variable`, a dict or list it assigns
@@ -18,13 +20,17 @@ writes them back into the caller's objects along their pytree paths: the
 caller's objects end as the function alone would have left them. A change of
 structure (an attribute added or removed, a static attribute changed) cannot
 be written back this way, and is an error at the call.
+
+*Shared objects.* An object that the arguments hold in two places (a model
+and the optimizer that refers to it, tied weights) is one object in the
+copies the function sees too, and a node of the arguments that the function
+returns comes back as the caller's own object, as `nnx.jit` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import numbers
 import warnings
 from typing import Any, Callable
 
@@ -35,21 +41,38 @@ from lox_core import _compat
 
 tree_util = jax.tree_util
 
-# The types of most leaves, tested first: one dictionary lookup instead of isinstance.
-_ARRAY_TYPES = {float, int, bool, complex, np.ndarray}
+_NUMBERS = (bool, int, float, complex)
+_kinds: dict[type, bool | None] = {}  # leaf type -> traced (True), static (False), a Python number (None)
+
+
+def _kind(x) -> bool | None:
+    kind = _kinds.get(type(x), 0)
+    if kind == 0:
+        kind = True if is_array(x) else None if isinstance(x, _NUMBERS) else False
+        if not hasattr(x, "__jax_array__"):  # a type decides, except for objects that say they are arrays
+            _kinds[type(x)] = kind
+    return kind
 
 
 def is_array(x) -> bool:
-    """Whether lox traces the leaf `x` (as `jax.jit` would) or treats it as static."""
-    kind = type(x)
-    if kind in _ARRAY_TYPES:
-        return True
-    if isinstance(x, (jax.Array, np.ndarray, np.generic, numbers.Number)) or _compat.is_ref(x):
-        if isinstance(x, numbers.Number) and not isinstance(x, (int, float, complex, np.generic)):
-            return False  # e.g. fractions.Fraction: not something jax.jit takes
-        _ARRAY_TYPES.add(kind) if kind is not bool else None
-        return True
-    return hasattr(x, "__jax_array__")
+    """Whether the leaf `x` is an array lox traces (JAX and NumPy arrays and
+    scalars, `jax.Ref`s); Python numbers are decided by `traced`."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or _compat.is_ref(x) or hasattr(x, "__jax_array__")
+
+
+def traced(leaves: list, root) -> list[bool]:
+    """Which of `root`'s `leaves` are traced: arrays, and Python numbers
+    reached through tuples, lists and dicts only (as `jax.jit` traces them);
+    a number inside any other node (a module's field) is static."""
+    kinds = [_kind(x) for x in leaves]
+    if None not in kinds:
+        return kinds
+    paths = [path for path, _ in tree_util.tree_flatten_with_path(root)[0]]
+    return [kind if kind is not None else all(isinstance(k, _CONTAINER_KEYS) for k in path)
+            for kind, path in zip(kinds, paths)]
+
+
+_CONTAINER_KEYS = (tree_util.SequenceKey, tree_util.DictKey)
 
 
 # --- the static part of a call: the cache key ------------------------------------------
@@ -92,16 +115,18 @@ class _Identity:
 
 
 class Signature:
-    """The static part of a call: the pytree structure of its arguments, and
-    its static leaves by position. Hashable: `jax.jit` caches on it."""
+    """The static part of a call: the pytree structure of its arguments, its
+    static leaves by position, and the objects it holds in several places
+    (`aliases`). Hashable: `jax.jit` caches on it."""
 
-    __slots__ = ("tree", "static", "_keys", "_hash")
+    __slots__ = ("tree", "static", "aliases", "_keys", "_hash")
 
-    def __init__(self, tree, static: tuple):
+    def __init__(self, tree, static: tuple, aliases: tuple = ()):
         self.tree = tree
         self.static = static  # ((position, leaf), ...)
+        self.aliases = aliases  # ((path, path of the same object), ...)
         self._keys = tuple((i, type(v), _key_of(v)) for i, v in static)
-        self._hash = hash((tree, self._keys))
+        self._hash = hash((tree, self._keys, aliases))
 
     def __hash__(self):
         return self._hash
@@ -109,38 +134,149 @@ class Signature:
     def __eq__(self, other):
         if not isinstance(other, Signature) or self._hash != other._hash or self.tree != other.tree:
             return False
+        if self.aliases != other.aliases:
+            return False
         try:
             return bool(self._keys == other._keys)
         except Exception:  # an __eq__ that does not return a bool (e.g. an array): compare identities
             return all(a is b for (_, _, a), (_, _, b) in zip(self._keys, other._keys))
 
     def rebuild(self, dynamic: list) -> tuple[tuple, dict]:
-        """The call's ``(args, kwargs)`` with `dynamic` as its array leaves."""
+        """The call's ``(args, kwargs)`` with `dynamic` as its traced leaves."""
         leaves = list(dynamic)
         for i, value in self.static:
             leaves.insert(i, value.value if isinstance(value, _Static) else value)
-        return tree_util.tree_unflatten(self.tree, leaves)
+        return share(tree_util.tree_unflatten(self.tree, leaves), self.aliases)
 
 
 def split(args: tuple, kwargs: dict, static_argnums: tuple = (), static_argnames: tuple = ()) -> tuple[Signature, list]:
-    """A call's static part (its `Signature`) and its array leaves."""
+    """A call's static part (its `Signature`) and its traced leaves."""
     if static_argnums or static_argnames:
         args = tuple(_Static(a) if i in static_argnums or i - len(args) in static_argnums else a
                      for i, a in enumerate(args))
         kwargs = {k: _Static(v) if k in static_argnames else v for k, v in kwargs.items()}
-    leaves, tree = tree_util.tree_flatten((args, kwargs))
+    root = (args, kwargs)
+    leaves, tree = tree_util.tree_flatten(root)
     dynamic, static = [], []
-    for i, leaf in enumerate(leaves):
-        if is_array(leaf):
+    for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, root))):
+        if is_traced:
             dynamic.append(leaf)
         else:
             static.append((i, leaf))
-    return Signature(tree, tuple(static)), dynamic
+    return Signature(tree, tuple(static), aliases(root, leaves)), dynamic
+
+
+# --- objects held in several places ------------------------------------------------------------
+def aliases(root, leaves: list) -> tuple:
+    """``(path, first path)`` for each mutable node that `root` holds again
+    (after its first place, in flattening order). A node held twice holds its
+    arrays twice, so the common case (no array seen twice) costs one set."""
+    arrays = [id(x) for x in leaves if _kind(x)]
+    if len(set(arrays)) == len(arrays):
+        return ()
+    first: dict = {}
+    found: list = []
+
+    def visit(node, path):
+        if tree_util.all_leaves([node]) or node is None:
+            return
+        if id(node) in first and _mutable(node):
+            found.append((path, first[id(node)]))
+            return  # what it holds is the first place's
+        first.setdefault(id(node), path)
+        for key, child in _children(node).items():
+            visit(child, (*path, key))
+
+    visit(root, ())
+    return tuple(found)
+
+
+def _mutable(node) -> bool:
+    if isinstance(node, tuple):
+        return False
+    return not (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen)
+
+
+def share(root, aliases: tuple):
+    """`root` (a fresh copy of the caller's arguments) with each alias the same
+    object as its first place, as in the caller's objects. Immutable
+    containers on the way are rebuilt: the copy is lox's own."""
+    for path, source in aliases:
+        root = _replaced(root, path, _node_at(root, source))
+    return root
+
+
+def _replaced(node, path: tuple, value):
+    """`node` with `value` at `path`: set in place, or rebuilt where immutable."""
+    if not path:
+        return value
+    child = _replaced(_child(node, path[0]), path[1:], value) if len(path) > 1 else value
+    try:
+        _set(node, path[0], child)
+        return node
+    except _Unsettable:
+        return _rebuilt(node, {path[0]: child})
+
+
+def _node_at(root, path):
+    node = root
+    for key in path:
+        node = _child(node, key)
+    return node
+
+
+class Argument:
+    """In an output: the node of the arguments at `path`, which the function
+    returned as it was given (the caller gets back its own object)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: tuple):
+        self.path = path
+
+    def __eq__(self, other):
+        return isinstance(other, Argument) and other.path == self.path
+
+    def __hash__(self):
+        return hash(self.path)
+
+
+def returned_arguments(out, root, leaves: list):
+    """`out` with each node that is a node of the arguments `root` (whose
+    leaves are `leaves`) replaced by an `Argument` marker."""
+    seen: set = set()
+
+    def collect(node):
+        seen.add(id(node))
+        return False
+
+    out_leaves = tree_util.tree_leaves(out, is_leaf=collect)
+    mine = seen - {id(x) for x in out_leaves} - {id(None), id(())}
+    if not mine:
+        return out
+    seen.clear()
+    tree_util.tree_leaves(root, is_leaf=collect)
+    common = (mine & seen) - {id(x) for x in leaves}
+    if not common:
+        return out
+    paths: dict = {}
+
+    def visit(node, path):
+        if id(node) in common:
+            paths.setdefault(id(node), path)
+        if tree_util.all_leaves([node]) or node is None:
+            return
+        for key, child in _children(node).items():
+            visit(child, (*path, key))
+
+    visit(root, ())
+    return tree_util.tree_map(lambda x: Argument(paths[id(x)]) if id(x) in paths else x, out,
+                              is_leaf=lambda x: id(x) in paths)
 
 
 # --- outputs with non-array leaves ----------------------------------------------------------
 class Filtered:
-    """An output pytree that leaves a compiled program as its array leaves
+    """An output pytree that leaves a compiled program as its traced leaves
     only; the rest comes back from the trace as it was. `value` is the
     original pytree."""
 
@@ -152,12 +288,16 @@ class Filtered:
     @classmethod
     def of(cls, value) -> "Filtered":
         leaves, tree = tree_util.tree_flatten(value)
-        return cls(tree, tuple((i, x) for i, x in enumerate(leaves) if not is_array(x)), [x for x in leaves if is_array(x)])
+        kinds = traced(leaves, value)
+        return cls(tree, tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds)) if not k),
+                   [x for x, k in zip(leaves, kinds) if k])
 
-    def value(self):
+    def value(self, root=None):
+        """The pytree; with `root` (the caller's ``(args, kwargs)``), its
+        `Argument` markers become the nodes of `root` they stand for."""
         leaves = list(self.arrays)
         for i, x in self.static:
-            leaves.insert(i, x)
+            leaves.insert(i, _node_at(root, x.path) if type(x) is Argument and root is not None else x)
         return tree_util.tree_unflatten(self.tree, leaves)
 
 
@@ -167,7 +307,7 @@ tree_util.register_pytree_node(
 
 
 def partition(value) -> tuple[list, Callable[[list], Any]]:
-    """`value`'s array leaves, and a function that puts new ones in their place."""
+    """`value`'s traced leaves, and a function that puts new ones in their place."""
     node = Filtered.of(value)
     tree, static = node.tree, node.static  # not the arrays: they may be tracers of a finished trace
     return node.arrays, lambda arrays: Filtered(tree, static, list(arrays)).value()
@@ -216,8 +356,9 @@ def changes(where: str, fun: Callable, tree, before: list, after_args: tuple, af
     if not changed:
         return None
     paths = [path for path, _ in tree_util.tree_flatten_with_path((after_args, after_kwargs))[0]]
-    arrays = [i for i in changed if is_array(after[i])]
-    static = tuple((paths[i], after[i]) for i in changed if not is_array(after[i]))
+    kinds = traced(after, (after_args, after_kwargs))
+    arrays = [i for i in changed if kinds[i]]
+    static = tuple((paths[i], after[i]) for i in changed if not kinds[i])
     return Changes(tuple(paths[i] for i in arrays), [after[i] for i in arrays], static, where)
 
 
@@ -225,23 +366,42 @@ def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dic
     args_tree, kwargs_tree = tree.children()
     before = dict(zip(_argument_names(fun, len(args), kwargs), [*args_tree.children(), *kwargs_tree.children()]))
     for name, value in zip(before, [*args, *kwargs.values()]):
-        was, now = before[name], tree_util.tree_structure(value)
-        if was == now:
+        was = before[name]
+        if was == tree_util.tree_structure(value):
             continue
-        old = _paths(tree_util.tree_unflatten(was, [0] * was.num_leaves))
-        new = _paths(value)
+        old_value = tree_util.tree_unflatten(was, [0] * was.num_leaves)
+        old, new = _paths(old_value), _paths(value)
         added, removed = _first_differing(new, old), _first_differing(old, new)
         detail = (f"it added {_listed(name, added)}" if added else "") + (
             (" and " if added else "it ") + f"removed {_listed(name, removed)}" if removed else "")
         if not detail:
-            detail = "it changed a static (non-array) attribute inside it, such as a flag or a submodule's configuration"
+            where_static = _static_changed(old_value, value, ())
+            detail = "it changed a static (non-array) attribute" + (
+                f" of {_listed(name, [tree_util.keystr(where_static)])}" if where_static else "")
         return (
-            f"`{where}` cannot write back what the function did to its argument `{name}`: {detail}. "
-            "lox writes changed array values back into the objects you passed (parameters, optimizer "
-            "state, RNG counts), but not a change of their structure. Return the new object from the "
-            f"function instead (e.g. `return loss, {name}`), or make the change before calling it."
+            f"`{where}` cannot write back what the function did to its argument `{name}`: {detail}. lox writes "
+            "changed array values back into the objects you passed (parameters, optimizer state, RNG counts), "
+            "but not a change of their structure. Make that change outside the function, before calling it "
+            "(lox compiles again for the new structure; e.g. flax's `model.eval()` before an evaluation step), "
+            "or make it on a copy that the function returns."
         )
     return f"`{where}`: the function changed the structure of its arguments, which lox cannot write back."
+
+
+def _static_changed(before, after, path):
+    """The path of the outermost node whose own static data differs between
+    `before` and `after` (same children), or None."""
+    if tree_util.all_leaves([before]) or before is None:
+        return None
+    one_level = lambda node: tree_util.tree_structure(node, is_leaf=lambda x: x is not node)  # noqa: E731
+    if one_level(before) != one_level(after):
+        return path
+    after_children = _children(after)
+    for key, child in _children(before).items():
+        found = _static_changed(child, after_children[key], (*path, key))
+        if found is not None:
+            return found
+    return None
 
 
 def _paths(tree) -> list[tuple]:

@@ -435,7 +435,8 @@ def _scan(handler, p, consts, init, xs, active, length: int, chunked: bool = Fal
         ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
         return new_carry, (outs[p.num_carry :], ys_logs, totals)
 
-    carry, (ys, unique, totals) = jax.lax.scan(body, init, xs, length=length, reverse=p.reverse, unroll=p.unroll)
+    # With `xs` the scan takes its length from them (a symbolic dimension under `jax.export`, which `length=` refuses).
+    carry, (ys, unique, totals) = jax.lax.scan(body, init, xs, length=None if xs else length, reverse=p.reverse, unroll=p.unroll)
     if carries:
         carry, state = carry
         handler.resume(state)

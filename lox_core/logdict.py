@@ -184,7 +184,8 @@ class logdict(dict):
             return steps[name]
         raise AttributeError(
             f"logdict has no step named {name!r}; its step names are {sorted(steps)}. "
-            "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`."
+            # No final period: Python may append ". Did you mean: ...?"
+            "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`"
         )
 
     def step_names(self, key: str) -> list[str]:

@@ -39,6 +39,7 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
     `lox_core.arguments`).
     """
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    shared = arguments.aliases((args, kwargs), leaves)
     # Under jit every array argument is a tracer; anything else is a static value.
     dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
     found: list = []  # set while `fun` is traced: how to rebuild its output, what it changed
@@ -47,8 +48,13 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
         filled = list(leaves)
         for i, x in zip(dynamic, dynamic_leaves):
             filled[i] = x
-        a, k = jax.tree_util.tree_unflatten(tree, filled)
-        out_arrays, rebuild = arguments.partition(fun(*a, **k))
+        copy = jax.tree_util.tree_unflatten(tree, filled)
+        if shared:  # one object where the caller's arguments hold one object
+            copy = arguments.share(copy, shared)
+            filled = jax.tree_util.tree_leaves(copy)
+        a, k = copy
+        out = arguments.returned_arguments(fun(*a, **k), copy, filled)
+        out_arrays, rebuild = arguments.partition(out)
         changes = arguments.changes(handler.name, fun, tree, filled, a, k)
         found[:] = [rebuild, changes]
         return out_arrays, [] if changes is None else changes.arrays
@@ -120,7 +126,7 @@ class Program:
         if changes is not None:
             changes.apply(args, kwargs)
         # An output with non-array leaves leaves the program as a `Filtered` node.
-        return result.value() if type(result) is arguments.Filtered else result
+        return result.value((args, kwargs)) if type(result) is arguments.Filtered else result
 
 
 def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:

@@ -188,3 +188,57 @@ def test_static_argnums_stay_static_beside_filtered_leaves():
     np.testing.assert_allclose(logs["y"][0], 3.0 * np.exp(np.ones(2)), rtol=1e-6)
     out = lox.nolog(f, static_argnames="n")(module, n=4)
     np.testing.assert_allclose(out, 4.0 * np.ones(2))
+
+
+class Noisy(eqx.Module):
+    """Python numbers among the fields: equinox keeps them static, so does lox."""
+
+    linear: eqx.nn.Linear
+    dropout: eqx.nn.Dropout  # holds `inference: bool`, used in Python control flow
+    repeats: int  # used as a shape
+    scale: float
+
+    def __call__(self, x, key):
+        h = jnp.tile(self.linear(x), self.repeats) * self.scale
+        return self.dropout(h, key=key)
+
+
+def test_python_numbers_inside_modules_are_static_as_under_filter_jit():
+    module = Noisy(eqx.nn.Linear(2, 2, key=jax.random.key(0)), eqx.nn.Dropout(0.5, inference=True), 3, 0.5)
+    traces = []
+
+    def f(module, x, key):
+        traces.append(None)
+        y = module(x, key)
+        lox.log({"y": y})
+        return module, y
+
+    x, key = jnp.ones(2), jax.random.key(1)
+    want_module, want = eqx.filter_jit(f)(module, x, key)
+    traces.clear()
+    for spooled in (lox.spool(f), lox.spool(eqx.filter_jit(f))):
+        (same, y), logs = spooled(module, x, key)
+        np.testing.assert_allclose(y, want, rtol=1e-6)
+        np.testing.assert_allclose(logs["y"][0], want, rtol=1e-6)
+        assert type(same.scale) is float and type(same.repeats) is int and same.dropout.inference is True
+    traces.clear()
+    spooled = lox.spool(f)
+    spooled(module, x, key)  # compiled above
+    spooled(eqx.tree_at(lambda m: m.scale, module, 0.25), x, key)  # a new static field: traced again
+    spooled(eqx.tree_at(lambda m: m.scale, module, 0.25), x, key)  # an equal one: not again
+    assert len(traces) == 1
+
+
+def test_python_numbers_passed_as_arguments_are_traced_as_under_jax_jit():
+    traces = []
+
+    def f(x, config):
+        traces.append(None)
+        lox.log({"x": x * config["lr"]})
+        return x * config["lr"]
+
+    spooled = lox.spool(f)
+    for lr in (0.1, 0.2, 0.3):  # a float argument, and one in a dict: no new trace
+        out, logs = spooled(2.0, {"lr": lr})
+        np.testing.assert_allclose(out, 2.0 * lr, rtol=1e-6)
+    assert len(traces) == 1

@@ -99,13 +99,19 @@ def test_loggers_write_sharded_arrays(mesh):
     want = by_hand(x)
     with jax.set_mesh(mesh):
         logger = lox.loggers.MemoryLogger()
-        runs = {how: logger.init(name=how) for how in ("spool", "tap", "log")}  # under a mesh too
+        hows = ("spool", "tap", "log", "jit(spool)", "jit(tap)", "jit(log)")
+        runs = {how: logger.init(name=how) for how in hows}  # under a mesh too
         logger.spool(program, runs["spool"])(x)
         logger.tap(program, runs["tap"])(x)
         out, logs = lox.spool(program)(x)
         logger.log(runs["log"], logs)
+        # Inside an outer jit over the devices: no ordered effect, which JAX refuses there.
+        jax.jit(lambda run, x: logger.spool(program, run)(x))(runs["jit(spool)"], x)
+        jax.jit(lambda run, x: logger.tap(program, run)(x))(runs["jit(tap)"], x)
+        jax.jit(lambda run, x: logger.log(run, lox.spool(program)(x)[1]))(runs["jit(log)"], x)
         for run in runs.values():
             logger.finish(run)
+    assert [run.name for run in logger.runs()] == list(hows)
     for run in logger.runs():
         written = logger.backends[0].logs(run.run_id)
         for key in ("x", "total", "c"):

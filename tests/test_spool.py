@@ -992,3 +992,23 @@ def test_an_exported_spooled_function_serializes_and_calls_back_to_the_same_logs
         assert logs["c"].tolist() == want_c.tolist() and logs["x"].tolist() == want_x.tolist()
         assert logs.step["c"].tolist() == logs.step["x"].tolist() == xs.tolist()
         assert logs.valid["big"].tolist() == [bool(big)] and logs.epoch["big"].tolist() == [1]
+
+
+def test_a_spooled_scan_exports_with_a_symbolic_length():
+    from jax import export
+
+    def running(xs):
+        def body(c, x):
+            c = c + x
+            lox.log({"c": c})
+            return c, None
+
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    (n,) = export.symbolic_shape("n")
+    exported = export.export(jax.jit(lox.spool(running)))(jax.ShapeDtypeStruct((n,), jnp.float32))
+    restored = export.deserialize(exported.serialize())
+    for length in (3, 5):
+        xs = jnp.arange(float(length))
+        out, logs = restored.call(xs)
+        assert float(out) == float(xs.sum()) and logs["c"].tolist() == np.cumsum(np.arange(length)).tolist()
