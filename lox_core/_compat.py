@@ -319,6 +319,12 @@ def lower_callback_with_results(ctx, fun, args):
     return results
 
 
+def _leading_unsharded(spec):
+    """`spec` with an unsharded axis in front (its unreduced and reduced axes kept)."""
+    extra = {name: getattr(spec, name) for name in ("unreduced", "reduced") if getattr(spec, name, None)}
+    return jax.sharding.PartitionSpec(None, *spec._partitions, **extra)
+
+
 def with_event_axis(aval):
     """`aval` with a leading event axis of 1, never sharded: on a mesh with
     explicit axes an aval carries its sharding, whose spec gets a `None` in
@@ -327,7 +333,25 @@ def with_event_axis(aval):
     sharding = getattr(aval, "sharding", None)
     if sharding is None or getattr(sharding, "spec", None) is None:
         return aval.update(shape=shape)
-    return aval.update(shape=shape, sharding=sharding.update(spec=jax.sharding.PartitionSpec(None, *sharding.spec)))
+    return aval.update(shape=shape, sharding=sharding.update(spec=_leading_unsharded(sharding.spec)))
+
+
+def events_sharding(x, series: bool = False):
+    """The sharding of events of `x` (an array, tracer or aval) stacked along a
+    new leading axis (`series`: `x` has that axis already) when `x` is sharded
+    on explicit mesh axes; None otherwise (arrays made without a sharding
+    then have the placement they need)."""
+    aval = x if isinstance(x, core.AbstractValue) else jax.typeof(x)
+    sharding = getattr(aval, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None or all(p is None for p in spec._partitions):
+        return None
+    return sharding if series else sharding.update(spec=_leading_unsharded(spec))
+
+
+def full(shape, fill, dtype, sharding=None):
+    """`jnp.full`, placed with `sharding` (from `events_sharding`) if given."""
+    return jax.lax.full(shape, fill, dtype, sharding=sharding)
 
 
 def tangent_aval(x):

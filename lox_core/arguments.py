@@ -41,6 +41,8 @@ from lox_core import _compat
 
 tree_util = jax.tree_util
 
+
+# --- which leaves are traced --------------------------------------------------------------------
 _NUMBERS = (bool, int, float, complex)
 _kinds: dict[type, bool | None] = {}  # leaf type -> traced (True), static (False), a Python number (None)
 
@@ -48,31 +50,33 @@ _kinds: dict[type, bool | None] = {}  # leaf type -> traced (True), static (Fals
 def _kind(x) -> bool | None:
     kind = _kinds.get(type(x), 0)
     if kind == 0:
-        kind = True if is_array(x) else None if isinstance(x, _NUMBERS) else False
-        if not hasattr(x, "__jax_array__"):  # a type decides, except for objects that say they are arrays
-            _kinds[type(x)] = kind
+        kind = _kinds[type(x)] = True if is_array(x) else None if isinstance(x, _NUMBERS) else False
     return kind
 
 
 def is_array(x) -> bool:
-    """Whether the leaf `x` is an array lox traces (JAX and NumPy arrays and
-    scalars, `jax.Ref`s); Python numbers are decided by `traced`."""
-    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or _compat.is_ref(x) or hasattr(x, "__jax_array__")
+    """Whether the leaf `x` is an array lox traces: JAX and NumPy arrays and
+    scalars, `jax.Ref`s, and `jax.ShapeDtypeStruct`s (for `lower`)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or _compat.is_ref(x)
 
 
 def traced(leaves: list, root) -> list[bool]:
-    """Which of `root`'s `leaves` are traced: arrays, and Python numbers
-    reached through tuples, lists and dicts only (as `jax.jit` traces them);
-    a number inside any other node (a module's field) is static."""
+    """Which of `root`'s `leaves` are traced: arrays, and Python numbers held
+    by tuples, lists and dicts only (as `jax.jit` traces them); a number
+    inside any other node (a module's field) is static."""
     kinds = [_kind(x) for x in leaves]
     if None not in kinds:
         return kinds
     paths = [path for path, _ in tree_util.tree_flatten_with_path(root)[0]]
-    return [kind if kind is not None else all(isinstance(k, _CONTAINER_KEYS) for k in path)
-            for kind, path in zip(kinds, paths)]
+    containers: dict = {}  # path -> whether the node there and those above it are plain containers
 
+    def in_containers(path) -> bool:
+        if path not in containers:
+            node = _node_at(root, path)
+            containers[path] = isinstance(node, (tuple, list, dict)) and (not path or in_containers(path[:-1]))
+        return containers[path]
 
-_CONTAINER_KEYS = (tree_util.SequenceKey, tree_util.DictKey)
+    return [kind if kind is not None else in_containers(path[:-1]) for kind, path in zip(kinds, paths)]
 
 
 # --- the static part of a call: the cache key ------------------------------------------
@@ -87,15 +91,15 @@ class _Static:
 
 
 def _key_of(value):
-    """What a static leaf contributes to the cache key: itself when hashable
-    (compared by type and value), its identity otherwise."""
+    """What a static leaf contributes to the cache key: its type and itself
+    when hashable, its identity otherwise."""
     if isinstance(value, _Static):
         value = value.value
     try:
         hash(value)
     except TypeError:
-        return _Identity(value)
-    return value
+        return type(value), _Identity(value)
+    return type(value), value
 
 
 class _Identity:
@@ -125,7 +129,7 @@ class Signature:
         self.tree = tree
         self.static = static  # ((position, leaf), ...)
         self.aliases = aliases  # ((path, path of the same object), ...)
-        self._keys = tuple((i, type(v), _key_of(v)) for i, v in static)
+        self._keys = tuple((i, *_key_of(v)) for i, v in static)
         self._hash = hash((tree, self._keys, aliases))
 
     def __hash__(self):
@@ -141,58 +145,84 @@ class Signature:
         except Exception:  # an __eq__ that does not return a bool (e.g. an array): compare identities
             return all(a is b for (_, _, a), (_, _, b) in zip(self._keys, other._keys))
 
-    def rebuild(self, dynamic: list) -> tuple[tuple, dict]:
+    def rebuild(self, dynamic) -> tuple[tuple, dict]:
         """The call's ``(args, kwargs)`` with `dynamic` as its traced leaves."""
         leaves = list(dynamic)
         for i, value in self.static:
             leaves.insert(i, value.value if isinstance(value, _Static) else value)
         return share(tree_util.tree_unflatten(self.tree, leaves), self.aliases)
 
+    @property
+    def filtered(self) -> bool:
+        """Whether leaves other than static arguments are static."""
+        return any(not isinstance(value, _Static) for _, value in self.static)
 
-def split(args: tuple, kwargs: dict, static_argnums: tuple = (), static_argnames: tuple = ()) -> tuple[Signature, list]:
+
+def split(where: str, args: tuple, kwargs: dict, static_argnums: tuple = (), static_argnames: tuple = ()):
     """A call's static part (its `Signature`) and its traced leaves."""
     if static_argnums or static_argnames:
-        args = tuple(_Static(a) if i in static_argnums or i - len(args) in static_argnums else a
-                     for i, a in enumerate(args))
-        kwargs = {k: _Static(v) if k in static_argnames else v for k, v in kwargs.items()}
+        args = tuple(_static(where, f"argument {i}", a) if i in static_argnums or i - len(args) in static_argnums
+                     else a for i, a in enumerate(args))
+        kwargs = {k: _static(where, f"argument `{k}`", v) if k in static_argnames else v for k, v in kwargs.items()}
     root = (args, kwargs)
-    leaves, tree = tree_util.tree_flatten(root)
+    leaves, tree, shared = flatten(root)
     dynamic, static = [], []
     for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, root))):
         if is_traced:
             dynamic.append(leaf)
         else:
             static.append((i, leaf))
-    return Signature(tree, tuple(static), aliases(root, leaves)), dynamic
+    return Signature(tree, tuple(static), shared), dynamic
+
+
+def _static(where: str, name: str, value) -> _Static:
+    try:
+        hash(value)
+    except TypeError:
+        raise ValueError(
+            f"`{where}`: the static {name} (`static_argnums`/`static_argnames`) is a {type(value).__name__}, "
+            "which cannot be hashed; static arguments are part of the cache key, as under `jax.jit`. Pass a "
+            "hashable value (a tuple instead of a list), or leave the argument traced."
+        ) from None
+    return _Static(value)
 
 
 # --- objects held in several places ------------------------------------------------------------
-def aliases(root, leaves: list) -> tuple:
-    """``(path, first path)`` for each mutable node that `root` holds again
-    (after its first place, in flattening order). A node held twice holds its
-    arrays twice, so the common case (no array seen twice) costs one set."""
-    arrays = [id(x) for x in leaves if _kind(x)]
-    if len(set(arrays)) == len(arrays):
-        return ()
+def flatten(root) -> tuple[list, Any, tuple]:
+    """`root`'s leaves and structure, and ``(path, first path)`` for each
+    mutable node it holds again after its first place (`share` makes a copy
+    hold them once)."""
+    seen: set = set()
+    again: list = []
+
+    def visit(node):
+        if id(node) in seen:
+            again.append(node)
+        seen.add(id(node))
+        return False
+
+    leaves, tree = tree_util.tree_flatten(root, is_leaf=visit)
+    if not any(_mutable(node) and not tree_util.all_leaves([node]) for node in again):
+        return leaves, tree, ()
     first: dict = {}
     found: list = []
 
-    def visit(node, path):
-        if tree_util.all_leaves([node]) or node is None:
+    def walk(node, path):
+        if node is None or tree_util.all_leaves([node]):
             return
         if id(node) in first and _mutable(node):
             found.append((path, first[id(node)]))
             return  # what it holds is the first place's
         first.setdefault(id(node), path)
         for key, child in _children(node).items():
-            visit(child, (*path, key))
+            walk(child, (*path, key))
 
-    visit(root, ())
-    return tuple(found)
+    walk(root, ())
+    return leaves, tree, tuple(found)
 
 
 def _mutable(node) -> bool:
-    if isinstance(node, tuple):
+    if node is None or isinstance(node, tuple):
         return False
     return not (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen)
 
@@ -211,18 +241,10 @@ def _replaced(node, path: tuple, value):
     if not path:
         return value
     child = _replaced(_child(node, path[0]), path[1:], value) if len(path) > 1 else value
-    try:
-        _set(node, path[0], child)
+    if _can_set(node, path[0]):
+        _set(node, {path[0]: child})
         return node
-    except _Unsettable:
-        return _rebuilt(node, {path[0]: child})
-
-
-def _node_at(root, path):
-    node = root
-    for key in path:
-        node = _child(node, key)
-    return node
+    return _rebuilt(node, {path[0]: child})
 
 
 class Argument:
@@ -261,15 +283,15 @@ def returned_arguments(out, root, leaves: list):
         return out
     paths: dict = {}
 
-    def visit(node, path):
+    def walk(node, path):
         if id(node) in common:
             paths.setdefault(id(node), path)
-        if tree_util.all_leaves([node]) or node is None:
+        if node is None or tree_util.all_leaves([node]):
             return
         for key, child in _children(node).items():
-            visit(child, (*path, key))
+            walk(child, (*path, key))
 
-    visit(root, ())
+    walk(root, ())
     return tree_util.tree_map(lambda x: Argument(paths[id(x)]) if id(x) in paths else x, out,
                               is_leaf=lambda x: id(x) in paths)
 
@@ -289,8 +311,10 @@ class Filtered:
     def of(cls, value) -> "Filtered":
         leaves, tree = tree_util.tree_flatten(value)
         kinds = traced(leaves, value)
-        return cls(tree, tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds)) if not k),
-                   [x for x, k in zip(leaves, kinds) if k])
+        static = tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds)) if not k)
+        for _, x in static:
+            _check_holds_no_tracer(x)
+        return cls(tree, static, [x for x, k in zip(leaves, kinds) if k])
 
     def value(self, root=None):
         """The pytree; with `root` (the caller's ``(args, kwargs)``), its
@@ -313,6 +337,56 @@ def partition(value) -> tuple[list, Callable[[list], Any]]:
     return node.arrays, lambda arrays: Filtered(tree, static, list(arrays)).value()
 
 
+def _tracer_inside(x) -> str | None:
+    """The attribute of the object `x` (not a pytree node) that holds a
+    tracer, looking one level into its attributes, or None."""
+    fields = getattr(x, "__dict__", None)
+    if not isinstance(fields, dict) or callable(x):
+        return None
+    for name, value in fields.items():
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(v, jax.core.Tracer) for v in inner):
+            return name
+    return None
+
+
+def _check_holds_no_tracer(x) -> None:
+    name = _tracer_inside(x)
+    if name is not None:
+        raise TypeError(
+            f"the function returned a `{type(x).__name__}` whose attribute `{name}` holds a traced array, but "
+            f"`{type(x).__name__}` is not a pytree, so a compiled program cannot return it (as under `jax.jit`). "
+            "Register the class as a pytree (`jax.tree_util.register_dataclass`, or an equinox/flax module), "
+            "or return the arrays themselves."
+        )
+
+
+def guard_static(where: str, fun: Callable, leaves: list, root) -> Callable[[], None]:
+    """Before `fun` runs: a check to call after it, that it stored no traced
+    value in an attribute of a static (non-pytree) argument object, which lox
+    hands to `fun` as it is and cannot write back. The check puts the
+    attributes back as they were before it raises."""
+    kinds = traced(leaves, root)
+    saved = [(i, x, dict(x.__dict__)) for i, (x, k) in enumerate(zip(leaves, kinds))
+             if not k and isinstance(getattr(x, "__dict__", None), dict) and not callable(x)]
+
+    def check() -> None:
+        for i, x, before in saved:
+            name = _tracer_inside(x)
+            if name is None:
+                continue
+            x.__dict__.clear()
+            x.__dict__.update(before)
+            raise ValueError(
+                f"`{where}`: the function stored a traced value in `.{name}` of the `{type(x).__name__}` "
+                f"`{_place(fun, root, _paths(root)[i])}` it was given. That object is not a pytree, so lox passes it "
+                "as a static value and cannot write the new value back. Register its class as a pytree (its "
+                "arrays are then traced and written back), or return the value from the function."
+            )
+
+    return check
+
+
 # --- what a function changed in its arguments ------------------------------------------------
 class Changes:
     """The leaves a traced function changed in its arguments: their paths from
@@ -325,7 +399,7 @@ class Changes:
         self.paths = paths  # one key path per array
         self.arrays = arrays
         self.static = static  # ((path, value), ...)
-        self.where = where  # the transform and function, for error messages
+        self.where = where  # the transform, for error messages
 
     def apply(self, args: tuple, kwargs: dict) -> None:
         """Write the changes into the caller's `args` and `kwargs`."""
@@ -335,7 +409,7 @@ class Changes:
             # Pytree paths name attributes that some libraries now want set another
             # way (flax's `Variable.value`); lox writes through the path the library registered.
             warnings.simplefilter("ignore", DeprecationWarning)
-            _write((args, kwargs), writes, self.where)
+            _write((args, kwargs), writes)
 
 
 tree_util.register_pytree_node(
@@ -347,19 +421,46 @@ tree_util.register_pytree_node(
 
 def changes(where: str, fun: Callable, tree, before: list, after_args: tuple, after_kwargs: dict) -> Changes | None:
     """What `fun` changed in the arguments it was called with: `before` are the
-    leaves it got, `after_args`/`after_kwargs` the objects it got, now.
-    Raises when it changed their structure. None when nothing changed."""
-    after, after_tree = tree_util.tree_flatten((after_args, after_kwargs))
+    leaves it got, `after_args`/`after_kwargs` the objects it got, now. Raises
+    when it changed their structure, or a leaf that cannot be written back.
+    None when nothing changed."""
+    root = (after_args, after_kwargs)
+    after, after_tree = tree_util.tree_flatten(root)
     if after_tree != tree:
         raise ValueError(_structure_message(where, fun, tree, after_args, after_kwargs))
     changed = [i for i, (b, a) in enumerate(zip(before, after)) if a is not b]
     if not changed:
         return None
-    paths = [path for path, _ in tree_util.tree_flatten_with_path((after_args, after_kwargs))[0]]
-    kinds = traced(after, (after_args, after_kwargs))
+    paths = _paths(root)
+    for i in changed:
+        _check_writable(where, fun, root, paths[i])
+    kinds = traced(after, root)
     arrays = [i for i in changed if kinds[i]]
     static = tuple((paths[i], after[i]) for i in changed if not kinds[i])
     return Changes(tuple(paths[i] for i in arrays), [after[i] for i in arrays], static, where)
+
+
+def _check_writable(where: str, fun: Callable, root, path: tuple) -> None:
+    """That the leaf at `path` can be written into the caller's objects: some
+    node on its way inside the argument can be set (the immutable ones below
+    it are rebuilt)."""
+    for depth in range(len(path) - 1, 1, -1):  # the parent of path[depth], deepest first, inside an argument
+        if _can_set(_node_at(root, path[:depth]), path[depth]):
+            return
+    raise ValueError(
+        f"`{where}` cannot write back what the function changed at `{_place(fun, root, path)}`: every object on "
+        f"the way from the argument `{_place(fun, root, path[:2])}` to it is immutable (tuples, frozen "
+        "dataclasses), so the change never reached the object you passed. Return the new value from the "
+        "function instead."
+    )
+
+
+def _place(fun: Callable, root, path: tuple) -> str:
+    """A path of the arguments ``(args, kwargs)`` as the user writes it: ``model.l1.kernel``."""
+    args, kwargs = root
+    names = _argument_names(fun, len(args), kwargs)
+    argument = names[path[1].idx] if isinstance(path[1], tree_util.SequenceKey) else str(path[1].key)
+    return argument + tree_util.keystr(path[2:])
 
 
 def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dict) -> str:
@@ -439,10 +540,6 @@ def _argument_names(fun: Callable, count: int, kwargs: dict) -> list[str]:
 
 
 # --- writing back -------------------------------------------------------------------------------
-class _Unsettable(Exception):
-    pass
-
-
 def _child(node, key):
     if isinstance(key, tree_util.GetAttrKey):
         return getattr(node, key.name)
@@ -453,38 +550,62 @@ def _child(node, key):
     return _children(node)[key]
 
 
+def _node_at(root, path):
+    node = root
+    for key in path:
+        node = _child(node, key)
+    return node
+
+
 def _children(node) -> dict:
     """The children of one pytree node, by key."""
     pairs, _ = tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     return {path[0]: child for path, child in pairs}
 
 
-def _set(node, key, value) -> None:
-    try:
+def _frozen(node) -> bool:
+    return isinstance(node, tuple) or (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen)
+
+
+def _can_set(node, key) -> bool:
+    """Whether `_set` can change the child `key` of `node` in place."""
+    if isinstance(key, tree_util.DictKey):
+        return isinstance(node, dict)
+    if isinstance(key, tree_util.SequenceKey):
+        return isinstance(node, list)
+    if _frozen(node):
+        return False
+    # An attribute; or, for a node registered without keys, its attributes all at once.
+    return isinstance(key, tree_util.GetAttrKey) or isinstance(getattr(node, "__dict__", None), dict)
+
+
+def _set(node, children: dict) -> None:
+    """Set children of `node` (one that `_can_set`) in place."""
+    keys = list(children)
+    if isinstance(keys[0], tree_util.FlattenedIndexKey):
+        # No key to set: rebuild the node with its new children, then take its attributes.
+        node.__dict__.update(_rebuilt(node, children).__dict__)
+        return
+    for key, value in children.items():
         if isinstance(key, tree_util.GetAttrKey):
-            if isinstance(node, tuple) or (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen):
-                raise _Unsettable
             setattr(node, key.name, value)
-        elif isinstance(key, tree_util.DictKey) and isinstance(node, dict):
+        elif isinstance(key, tree_util.DictKey):
             node[key.key] = value
-        elif isinstance(key, tree_util.SequenceKey) and isinstance(node, list):
-            node[key.idx] = value
         else:
-            raise _Unsettable
-    except (AttributeError, TypeError) as e:
-        raise _Unsettable from e
+            node[key.idx] = value
 
 
 def _rebuilt(node, new_children: dict):
-    """A copy of the immutable `node` with some children replaced."""
+    """A copy of `node` with some children replaced."""
     pairs, tree = tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     return tree_util.tree_unflatten(tree, [new_children.get(path[0], child) for path, child in pairs])
 
 
-def _write(root, writes: dict, where: str) -> None:
+def _write(root, writes: dict) -> None:
     """Set each ``path: value`` of `writes` in `root`, deepest first. A child
     of an immutable node (a tuple, a frozen dataclass) is written by
-    rebuilding that node in its own parent."""
+    rebuilding that node in its own parent (`changes` checked that some node
+    on the way can be set)."""
     nodes = {(): root}  # the nodes on the paths, each found once
 
     def node_at(path):
@@ -500,17 +621,8 @@ def _write(root, writes: dict, where: str) -> None:
         for path in [p for p in pending if len(p) == depth]:
             by_parent.setdefault(path[:-1], {})[path[-1]] = pending.pop(path)
         for parent_path, children in by_parent.items():
-            if len(parent_path) < 2:  # `args` or `kwargs` itself: the caller's variables, out of reach
-                raise ValueError(f"`{where}` cannot write back a change of the arguments themselves.")
             parent = node_at(parent_path)
-            try:
-                for key, value in children.items():
-                    _set(parent, key, value)
-            except _Unsettable:
-                if len(parent_path) == 2:  # an argument that is immutable: its new value cannot reach the caller
-                    raise ValueError(
-                        f"`{where}` cannot write back a change inside an immutable argument "
-                        f"(`{tree_util.keystr(parent_path)}`): the function changed it in place. Return the new "
-                        "value from the function instead."
-                    ) from None
+            if _can_set(parent, next(iter(children))):
+                _set(parent, children)
+            else:
                 pending[parent_path] = _rebuilt(parent, children)

@@ -42,7 +42,7 @@ class _Group(NamedTuple):
 
     keys: tuple[str, ...]
     trees: tuple  # each key's pytree structure
-    leaves: tuple  # each key's leaves' (shape, dtype)
+    leaves: tuple  # each key's leaves' (shape, dtype, sharding of their events or None)
     steps: dict  # step name -> (shape, dtype)
 
 
@@ -92,7 +92,8 @@ class Bounded:
         slots = self.capacity + 1  # the last one takes what does not fit
         state = {
             "count": jnp.zeros((), jnp.int32),
-            "leaves": tuple(tuple(jnp.zeros((slots, *shape), dtype) for shape, dtype in leaves) for leaves in group.leaves),
+            "leaves": tuple(tuple(_compat.full((slots, *shape), 0, dtype, sharding) for shape, dtype, sharding in leaves)
+                            for leaves in group.leaves),
             "steps": {name: jnp.full((slots, *shape), NO_STEP, dtype) for name, (shape, dtype) in group.steps.items()},
         }
         if mask_shape:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lox_core import _compat
 from lox_core.logdict import NO_STEP, event_count, logdict
 
 
@@ -26,14 +27,14 @@ class _Key(NamedTuple):
     """How one key leaves a cond whose branches log it differently."""
 
     events: int  # the most events of the key a branch logs
-    leaves: tuple  # the tree structure and (event shape, dtype) of each leaf
-    steps: dict  # step name -> (event shape, dtype)
+    leaves: tuple  # the tree structure and (event shape, dtype, sharding) of each leaf
+    steps: dict  # step name -> (event shape, dtype, sharding)
     mask_tail: tuple  # the mask's axes after the event axis (vmap axes of a bounded loop inside)
 
 
 class Layout:
     """The union of the logs of a cond's branches, from one trace of each
-    (`records`: logdicts of `jax.ShapeDtypeStruct`s, one per branch)."""
+    (`records`: logdicts of abstract values, one per branch)."""
 
     def __init__(self, records: list[logdict]):
         keys = list(dict.fromkeys(k for logs in records for k in logs))
@@ -46,13 +47,15 @@ class Layout:
                 continue  # logged alike by every branch: as it is
             _, first = holders[0]
             tree = jax.tree_util.tree_structure(first[key])
-            leaves = tuple((x.shape[1:], x.dtype) for x in jax.tree_util.tree_leaves(first[key]))
+            # Pads keep the placement of the values (on a mesh with explicit axes).
+            leaves = tuple((x.shape[1:], x.dtype, _compat.events_sharding(x, series=True))
+                           for x in jax.tree_util.tree_leaves(first[key]))
             steps: dict = {}
             mask_tail: tuple = ()
             for _, logs in holders:
                 for name in logs.step_names(key):
                     s = logs.steps[name][key]
-                    steps.setdefault(name, (s.shape[1:], s.dtype))
+                    steps.setdefault(name, (s.shape[1:], s.dtype, _compat.events_sharding(s, series=True)))
                 if key in logs.valid:
                     mask_tail = logs.valid[key].shape[1:]
             events = max(event_count(logs[key]) for _, logs in holders)
@@ -81,26 +84,26 @@ class Layout:
             tree, leaves = spec.leaves
             values = jax.tree_util.tree_leaves(logs[key]) if key in logs else [None] * len(leaves)
             data[key] = jax.tree_util.tree_unflatten(
-                tree, [_padded(x, spec.events, shape, dtype, 0) for x, (shape, dtype) in zip(values, leaves)]
+                tree, [_padded(x, spec.events, *leaf, 0) for x, leaf in zip(values, leaves)]
             )
-            for name, (shape, dtype) in spec.steps.items():
+            for name, (shape, dtype, sharding) in spec.steps.items():
                 s = logs.steps[name][key] if key in logs and name in logs.steps and key in logs.steps[name] else None
                 if s is None and have:
-                    s = jnp.full((have, *shape), NO_STEP, dtype)
-                steps[name][key] = _padded(s, spec.events, shape, dtype, NO_STEP)
+                    s = _compat.full((have, *shape), NO_STEP, dtype, sharding)
+                steps[name][key] = _padded(s, spec.events, shape, dtype, sharding, NO_STEP)
             mask = logs.valid.get(key) if key in logs else None
             if mask is None:
                 mask = jnp.ones((have, *spec.mask_tail), bool)
-            valid[key] = _padded(mask, spec.events, spec.mask_tail, np.dtype(bool), False)
+            valid[key] = _padded(mask, spec.events, spec.mask_tail, np.dtype(bool), None, False)
             dropped = logs._totals[key][1] if key in logs and key in logs._totals else jnp.zeros(spec.mask_tail, jnp.int32)
             totals[key] = (jnp.sum(valid[key], axis=0, dtype=jnp.int32), jnp.asarray(dropped, jnp.int32))
         return logdict._trusted({}, {})._like(data, steps, valid, totals)
 
 
-def _padded(x, events: int, shape: tuple, dtype, fill):
+def _padded(x, events: int, shape: tuple, dtype, sharding, fill):
     """`x` (events first, or None for none) followed by `fill` up to `events` events."""
     have = 0 if x is None else x.shape[0]
-    pad = jnp.full((events - have, *shape), fill, dtype)
+    pad = _compat.full((events - have, *shape), fill, dtype, sharding)
     return pad if x is None else jnp.concatenate([x, pad]) if events > have else x
 
 

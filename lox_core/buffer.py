@@ -46,7 +46,7 @@ class Kind(NamedTuple):
 
     keys: tuple[str, ...]
     trees: tuple  # one pytree structure per key
-    leaves: tuple  # (shape, dtype) of every leaf, key after key
+    leaves: tuple  # (shape, dtype, sharding of its events or None) of every leaf, key after key
     steps: tuple  # (name, shape, dtype) of every step
 
 
@@ -55,7 +55,8 @@ def kind_of(keys, values: dict, steps: dict) -> Kind:
     return Kind(
         tuple(keys),
         tuple(jax.tree_util.tree_structure(values[k]) for k in keys),
-        tuple((tuple(x.shape), np.dtype(x.dtype)) for k in keys for x in jax.tree_util.tree_leaves(values[k])),
+        tuple((tuple(x.shape), np.dtype(x.dtype), _compat.events_sharding(x)) for k in keys
+              for x in jax.tree_util.tree_leaves(values[k])),
         tuple((name, tuple(s.shape), np.dtype(s.dtype)) for name, s in steps.items()),
     )
 
@@ -144,7 +145,7 @@ def check_one_shape_per_key(
             mine = (tree, tuple(next(leaves) for _ in range(tree.num_leaves)))
             other = seen.setdefault(key, mine)
             if other != mine:
-                describe = lambda d: ", ".join(f"{np.dtype(t).name}{list(s)}" for s, t in d[1])  # noqa: E731
+                describe = lambda d: ", ".join(f"{np.dtype(t).name}{list(s)}" for s, t, _ in d[1])  # noqa: E731
                 raise ValueError(
                     f"{what}: key {key!r} is logged as {describe(other)} and as {describe(mine)} "
                     f"in {where}. A buffer holds each key's events in one array, so a key must keep one "
@@ -269,8 +270,8 @@ class Buffers:
 
 def _empty(kind: Kind, capacity: int):
     # Inside a shard_map, typed per device: the events written into it may differ per device.
-    zeros = lambda shape, dtype: _compat.varying_in_manual_axes(jnp.zeros(shape, dtype))  # noqa: E731
-    leaves = tuple(zeros((capacity, *shape), dtype) for shape, dtype in kind.leaves)
+    zeros = lambda shape, dtype, sharding=None: _compat.varying_in_manual_axes(_compat.full(shape, 0, dtype, sharding))  # noqa: E731
+    leaves = tuple(zeros((capacity, *shape), dtype, sharding) for shape, dtype, sharding in kind.leaves)
     steps = tuple(zeros((capacity, *shape), dtype) for _, shape, dtype in kind.steps)
     return leaves, steps, zeros((capacity,), bool), zeros((capacity,), jnp.int32)
 

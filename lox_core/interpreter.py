@@ -355,8 +355,8 @@ def _interpreted(handler: Handler, closed, active, record: list | None = None):
 
     def fun(*args):
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
-        if record is not None:  # shapes only: the arrays belong to this trace
-            record[:] = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), logs)]
+        if record is not None:  # abstract values only: the arrays belong to this trace
+            record[:] = [jax.tree_util.tree_map(jax.typeof, logs)]
         return outs, logs
 
     return fun

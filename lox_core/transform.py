@@ -38,8 +38,7 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
     are; what `fun` changed in its arguments comes back as `changes` (see
     `lox_core.arguments`).
     """
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    shared = arguments.aliases((args, kwargs), leaves)
+    leaves, tree, shared = arguments.flatten((args, kwargs))
     # Under jit every array argument is a tracer; anything else is a static value.
     dynamic = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
     found: list = []  # set while `fun` is traced: how to rebuild its output, what it changed
@@ -53,21 +52,23 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
             copy = arguments.share(copy, shared)
             filled = jax.tree_util.tree_leaves(copy)
         a, k = copy
-        out = arguments.returned_arguments(fun(*a, **k), copy, filled)
-        out_arrays, rebuild = arguments.partition(out)
+        check_static = arguments.guard_static(handler.name, fun, filled, copy)
+        out = fun(*a, **k)
+        check_static()
+        out_arrays, rebuild = arguments.partition(arguments.returned_arguments(out, copy, filled))
         changes = arguments.changes(handler.name, fun, tree, filled, a, k)
-        found[:] = [rebuild, changes]
+        # What to rebuild with the outputs; nothing that holds this trace's tracers.
+        found[:] = [rebuild, None if changes is None else (changes.paths, changes.static)]
         return out_arrays, [] if changes is None else changes.arrays
 
     closed = jax.make_jaxpr(flat_fun)(*[leaves[i] for i in dynamic])
-    rebuild, changes = found
+    rebuild, changed = found
     with handler.session():
         if carried is not None:
             handler.resume(carried)
         outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
-        n = len(outs) - (0 if changes is None else len(changes.arrays))
-        if changes is not None:
-            changes = arguments.Changes(changes.paths, outs[n:], changes.static, changes.where)
+        n = len(outs) - (0 if changed is None else len(changed[0]))
+        changes = None if changed is None else arguments.Changes(changed[0], outs[n:], changed[1], handler.name)
         return Interpreted(rebuild(outs[:n]), logs, None if carried is None else handler.carry(), changes)
 
 
@@ -106,10 +107,10 @@ class Program:
     (result, changes)`` under one `jax.jit`, called with filtered arguments
     (see `lox_core.arguments`): the array leaves are its arguments, the rest
     is static. Calling it writes the changes back into the caller's arguments
-    and returns the result."""
+    and returns the result. `name` names the transform in error messages."""
 
-    def __init__(self, impl: Callable, leading: int, static_argnums: tuple, static_argnames: tuple):
-        self.leading = leading
+    def __init__(self, impl: Callable, name: str, leading: int, static_argnums: tuple, static_argnames: tuple):
+        self.name = name
         self.static_argnums, self.static_argnames = static_argnums, static_argnames
 
         def flat(signature: arguments.Signature, *values):
@@ -120,8 +121,11 @@ class Program:
 
         self._jitted = jax.jit(flat, static_argnums=0)
 
+    def split(self, args: tuple, kwargs: dict):
+        return arguments.split(self.name, args, kwargs, self.static_argnums, self.static_argnames)
+
     def __call__(self, leading: tuple, args: tuple, kwargs: dict):
-        signature, dynamic = arguments.split(args, kwargs, self.static_argnums, self.static_argnames)
+        signature, dynamic = self.split(args, kwargs)
         result, changes = self._jitted(signature, *leading, *dynamic)
         if changes is not None:
             changes.apply(args, kwargs)
@@ -140,7 +144,8 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
     """
     static = static_arguments(fun, static_argnums, static_argnames)
     key = (config, static["static_argnums"], static["static_argnames"])
-    make = lambda get_fun: Program(make_impl(get_fun), leading, **static)  # noqa: E731
+    name = "logger.tap" if config[0] == "tap_with_context" else f"lox.{config[0]}"
+    make = lambda get_fun: Program(make_impl(get_fun), name, leading, **static)  # noqa: E731
     try:
         hash(key)
         # The cache is bound now: at interpreter exit the module's globals may be gone when `fun` is collected.
@@ -161,8 +166,9 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
 class Transformed:
     """The function a lox transform returns: calls `call`, and lowers or
     traces the same computation under `jax.jit` with `fun`'s signature and
-    static arguments (`lower`, `trace`). It holds `fun` (the program cache
-    holds it only weakly)."""
+    static arguments (`lower`, `trace`: of `lowered` if given, a variant of
+    `call` that shows what runs; `call` takes `leading` arguments before
+    `fun`'s). It holds `fun` (the program cache holds it only weakly)."""
 
     def __init__(self, fun: Callable, call: Callable, static_argnums=(), static_argnames=(), leading: int = 0,
                  lowered: Callable | None = None):
@@ -179,6 +185,10 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         return self._call(*args, **kwargs)
 
+    def __get__(self, instance, owner=None):
+        # A method decorated with a transform: bound to its instance like a function.
+        return self if instance is None else functools.partial(self, instance)
+
     @functools.cached_property
     def _lowerable(self):
         def public(*args, **kwargs):
@@ -187,13 +197,32 @@ class Transformed:
         public.__name__ = public.__qualname__ = getattr(self, "__name__", "lox")  # names the lowered module
         return jax.jit(public, **self._static)
 
+    @functools.cached_property
+    def _lowerable_filtered(self):
+        def public(signature, *dynamic):
+            args, kwargs = signature.rebuild(dynamic)
+            return self._lowered(*args, **kwargs)
+
+        public.__name__ = public.__qualname__ = getattr(self, "__name__", "lox")
+        return jax.jit(public, static_argnums=0)
+
+    def _staged(self, method: str, args, kwargs):
+        # Arguments with non-array leaves (not static arguments) cannot pass through
+        # `jax.jit` as they are: then the program takes their array leaves only.
+        signature, dynamic = arguments.split("lox", args, kwargs)
+        if not signature.filtered:
+            return getattr(self._lowerable, method)(*args, **kwargs)
+        return getattr(self._lowerable_filtered, method)(signature, *dynamic)
+
     def lower(self, *args, **kwargs):
-        """As `jax.jit(f).lower`: the lowered program of this call."""
-        return self._lowerable.lower(*args, **kwargs)
+        """As `jax.jit(f).lower`: the lowered program of this call. When the
+        arguments hold non-array leaves, the program takes their array leaves
+        only (``jax.tree_util.tree_leaves`` of the arrays, in order)."""
+        return self._staged("lower", args, kwargs)
 
     def trace(self, *args, **kwargs):
-        """As `jax.jit(f).trace`: the traced program of this call."""
-        return self._lowerable.trace(*args, **kwargs)
+        """As `jax.jit(f).trace`: the traced program of this call (see `lower`)."""
+        return self._staged("trace", args, kwargs)
 
     def __repr__(self) -> str:
         return f"<lox-transformed {getattr(self, '__name__', 'function')}>"

@@ -138,3 +138,35 @@ def test_inside_shard_map_each_device_logs_its_own_block(mesh):
     assert blocks == sorted(np.asarray(x).reshape(DEVICES, 1, 2).tolist())
     for e in events:
         np.testing.assert_allclose(e["device_sum"][0], e["block"][0].sum(), rtol=1e-6)
+
+
+def test_padded_series_of_sharded_arrays_keep_their_sharding(mesh):
+    x = sharded(mesh)
+
+    def branches(x):  # a key logged in one branch only, and a while loop under `max_events`
+        def step(c, i):
+            jax.lax.cond(i % 2 == 0, lambda: (lox.log({"even": c}, step=i), None)[1], lambda: None)
+            return c * 2.0, None
+
+        c = jax.lax.scan(step, x, jnp.arange(4))[0]
+
+        def body(carry):
+            i, c = carry
+            lox.log({"halved": c}, step=i)
+            return i + 1, c / 2.0
+
+        return jax.lax.while_loop(lambda carry: carry[0] < 3, body, (0, c))[1]
+
+    xs = np.asarray(x)
+    with jax.set_mesh(mesh):
+        out, logs = lox.spool(branches, max_events=5)(x)
+        blocks = []
+        tapped = lox.tap(branches, blocks.append, buffer=2)(x)
+    np.testing.assert_allclose(out, xs * 16 / 8, rtol=1e-6)
+    np.testing.assert_allclose(tapped, out, rtol=1e-6)
+    assert logs.valid["even"].tolist() == [True, False, True, False]
+    np.testing.assert_allclose(logs.trim()["even"], [xs, xs * 4], rtol=1e-6)
+    np.testing.assert_allclose(logs.trim()["halved"], [xs * 16, xs * 8, xs * 4], rtol=1e-6)
+    assert_unsharded_event_axis(logs)
+    tapped_even = np.concatenate([b["even"] for b in blocks if "even" in b])
+    np.testing.assert_allclose(tapped_even, [xs, xs * 4], rtol=1e-6)
