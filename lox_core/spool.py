@@ -261,16 +261,20 @@ def spool(
       static_argnums: as in `jax.jit`.
       static_argnames: as in `jax.jit`.
 
-    *Arguments.* Array leaves of the arguments (JAX and NumPy arrays, Python
-    numbers) are traced; every other leaf (a function, a string, an object)
-    is static, as under `eqx.filter_jit`: part of the cache key, by value when
-    hashable and by identity otherwise (`static_argnums` makes a whole argument
-    static). Non-array leaves of the output come back as `fun` returned them.
-    When `fun` updates its arguments in place (a flax.nnx model or optimizer,
-    an `nnx.Variable`, a dict it assigns into), the array leaves it changed are
-    written back into the objects passed, which end as `fun` alone would have
-    left them; a change of their structure (an attribute added, a static flag
-    changed) raises at the call.
+    *Arguments.* Array leaves of the arguments (JAX and NumPy arrays) are
+    traced; every other leaf (a function, a string, an object) is static, as
+    under `eqx.filter_jit`: part of the cache key, by value when hashable and
+    by identity otherwise (`static_argnums` makes a whole argument static, and
+    must be hashable). Python numbers are traced as `jax.jit` traces them when
+    passed as arguments or in tuples, lists and dicts, and static as fields of
+    other nodes (a module's). Non-array leaves of the output come back as
+    `fun` returned them. When `fun` updates its arguments in place (a flax.nnx
+    model or optimizer, an `nnx.Variable`, a dict it assigns into), the array
+    leaves it changed are written back into the objects passed, which end as
+    `fun` alone would have left them; an object held in two places stays one
+    object, and one that `fun` returns comes back as the caller's own. A
+    change of their structure (an attribute added, a static flag changed)
+    raises at the call.
 
     *Conditionals.* A key that the branches of a `cond`/`switch` log
     differently (some not at all, or a different number of times) comes back
