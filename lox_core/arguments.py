@@ -30,6 +30,7 @@ returns comes back as the caller's own object, as `nnx.jit` does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 from typing import Any, Callable
@@ -60,23 +61,38 @@ def is_array(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)) or _compat.is_ref(x)
 
 
-def traced(leaves: list, root) -> list[bool]:
-    """Which of `root`'s `leaves` are traced: arrays, and Python numbers held
-    by tuples, lists and dicts only (as `jax.jit` traces them); a number
-    inside any other node (a module's field) is static."""
+def traced(leaves: list, tree) -> list[bool]:
+    """Which `leaves` of a pytree of structure `tree` are traced: arrays, and
+    Python numbers held by tuples, lists and dicts only (as `jax.jit` traces
+    them); a number inside any other node (a module's field) is static."""
     kinds = [_kind(x) for x in leaves]
     if None not in kinds:
         return kinds
-    paths = [path for path, _ in tree_util.tree_flatten_with_path(root)[0]]
-    containers: dict = {}  # path -> whether the node there and those above it are plain containers
+    in_containers = _layout(tree)[0]
+    return [kind if kind is not None else held for kind, held in zip(kinds, in_containers)]
 
-    def in_containers(path) -> bool:
-        if path not in containers:
-            node = _node_at(root, path)
-            containers[path] = isinstance(node, (tuple, list, dict)) and (not path or in_containers(path[:-1]))
-        return containers[path]
 
-    return [kind if kind is not None else in_containers(path[:-1]) for kind, path in zip(kinds, paths)]
+@functools.lru_cache(maxsize=4096)
+def _layout(tree) -> tuple[tuple[bool, ...], bool]:
+    """For a pytree structure: per leaf, whether every node above it is a
+    tuple, list or dict; and whether a node below the top two levels (those
+    of ``(args, kwargs)``) may be mutable (is not a tuple or None)."""
+    in_containers: list = []
+    mutable = False
+
+    def walk(t, held: bool, depth: int):
+        nonlocal mutable
+        data = t.node_data()
+        if data is None:  # a leaf
+            in_containers.append(held)
+            return
+        kind = data[0]
+        mutable = mutable or (depth >= 2 and not issubclass(kind, (tuple, type(None))))
+        for child in t.children():
+            walk(child, held and issubclass(kind, (tuple, list, dict)), depth + 1)
+
+    walk(tree, True, 0)
+    return tuple(in_containers), mutable
 
 
 # --- the static part of a call: the cache key ------------------------------------------
@@ -167,7 +183,7 @@ def split(where: str, args: tuple, kwargs: dict, static_argnums: tuple = (), sta
     root = (args, kwargs)
     leaves, tree, shared = flatten(root)
     dynamic, static = [], []
-    for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, root))):
+    for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, tree))):
         if is_traced:
             dynamic.append(leaf)
         else:
@@ -187,11 +203,19 @@ def _static(where: str, name: str, value) -> _Static:
     return _Static(value)
 
 
+def plain(args: tuple, kwargs: dict) -> bool:
+    """Whether every argument is an array or a number (no pytree node)."""
+    return all(_kind(x) is not False for x in args) and all(_kind(x) is not False for x in kwargs.values())
+
+
 # --- objects held in several places ------------------------------------------------------------
 def flatten(root) -> tuple[list, Any, tuple]:
     """`root`'s leaves and structure, and ``(path, first path)`` for each
     mutable node it holds again after its first place (`share` makes a copy
     hold them once)."""
+    if plain(*root):
+        leaves, tree = tree_util.tree_flatten(root)  # no node to hold twice
+        return leaves, tree, ()
     seen: set = set()
     again: list = []
 
@@ -202,6 +226,8 @@ def flatten(root) -> tuple[list, Any, tuple]:
         return False
 
     leaves, tree = tree_util.tree_flatten(root, is_leaf=visit)
+    if not _layout(tree)[1]:  # tuples of arrays: nothing mutable
+        return leaves, tree, ()
     if not any(_mutable(node) and not tree_util.all_leaves([node]) for node in again):
         return leaves, tree, ()
     first: dict = {}
@@ -310,7 +336,7 @@ class Filtered:
     @classmethod
     def of(cls, value) -> "Filtered":
         leaves, tree = tree_util.tree_flatten(value)
-        kinds = traced(leaves, value)
+        kinds = traced(leaves, tree)
         static = tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds)) if not k)
         for _, x in static:
             _check_holds_no_tracer(x)
@@ -366,7 +392,7 @@ def guard_static(where: str, fun: Callable, leaves: list, root) -> Callable[[], 
     value in an attribute of a static (non-pytree) argument object, which lox
     hands to `fun` as it is and cannot write back. The check puts the
     attributes back as they were before it raises."""
-    kinds = traced(leaves, root)
+    kinds = traced(leaves, tree_util.tree_structure(root))
     saved = [(i, x, dict(x.__dict__)) for i, (x, k) in enumerate(zip(leaves, kinds))
              if not k and isinstance(getattr(x, "__dict__", None), dict) and not callable(x)]
 
@@ -434,7 +460,7 @@ def changes(where: str, fun: Callable, tree, before: list, after_args: tuple, af
     paths = _paths(root)
     for i in changed:
         _check_writable(where, fun, root, paths[i])
-    kinds = traced(after, root)
+    kinds = traced(after, after_tree)
     arrays = [i for i in changed if kinds[i]]
     static = tuple((paths[i], after[i]) for i in changed if not kinds[i])
     return Changes(tuple(paths[i] for i in arrays), [after[i] for i in arrays], static, where)

@@ -119,16 +119,29 @@ class Program:
             filtered = arguments.Filtered.of(result)
             return (filtered if filtered.static else result), changes
 
+        # Arguments that are all arrays and numbers (hand-written JAX) need no
+        # filtering, and hold nothing a function could change in place: they
+        # go to `jax.jit` as they are, with the static arguments it handles.
+        def direct(*values, **kwargs):
+            result, _ = impl(*values, **kwargs)
+            filtered = arguments.Filtered.of(result)
+            return filtered if filtered.static else result
+
         self._jitted = jax.jit(flat, static_argnums=0)
+        self._direct = jax.jit(direct, static_argnums=tuple(i + leading if i >= 0 else i for i in static_argnums),
+                               static_argnames=static_argnames)
 
     def split(self, args: tuple, kwargs: dict):
         return arguments.split(self.name, args, kwargs, self.static_argnums, self.static_argnames)
 
     def __call__(self, leading: tuple, args: tuple, kwargs: dict):
-        signature, dynamic = self.split(args, kwargs)
-        result, changes = self._jitted(signature, *leading, *dynamic)
-        if changes is not None:
-            changes.apply(args, kwargs)
+        if arguments.plain(args, kwargs):
+            result = self._direct(*leading, *args, **kwargs)
+        else:
+            signature, dynamic = self.split(args, kwargs)
+            result, changes = self._jitted(signature, *leading, *dynamic)
+            if changes is not None:
+                changes.apply(args, kwargs)
         # An output with non-array leaves leaves the program as a `Filtered` node.
         return result.value((args, kwargs)) if type(result) is arguments.Filtered else result
 
