@@ -233,24 +233,32 @@ def flatten(root) -> tuple[list, Any, tuple]:
     first: dict = {}
     found: list = []
 
-    def walk(node, path):
-        if node is None or tree_util.all_leaves([node]):
-            return
+    def visit(path, node) -> bool:
         if id(node) in first and _mutable(node):
             found.append((path, first[id(node)]))
-            return  # what it holds is the first place's
+            return False  # what it holds is the first place's
         first.setdefault(id(node), path)
-        for key, child in _children(node).items():
-            walk(child, (*path, key))
+        return True
 
-    walk(root, ())
+    _walk(root, visit)
     return leaves, tree, tuple(found)
 
 
 def _mutable(node) -> bool:
-    if node is None or isinstance(node, tuple):
-        return False
-    return not (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen)
+    return node is not None and not _frozen(node)
+
+
+def _walk(root, visit: Callable[[tuple, Any], bool]) -> None:
+    """Call ``visit(path, node)`` on each node of `root` that is not a leaf,
+    parents first; a visit that returns False skips the node's children."""
+
+    def walk(node, path):
+        if node is None or tree_util.all_leaves([node]) or not visit(path, node):
+            return
+        for key, child in _children(node).items():
+            walk(child, (*path, key))
+
+    walk(root, ())
 
 
 def share(root, aliases: tuple):
@@ -309,15 +317,12 @@ def returned_arguments(out, root, leaves: list):
         return out
     paths: dict = {}
 
-    def walk(node, path):
+    def visit(path, node) -> bool:
         if id(node) in common:
             paths.setdefault(id(node), path)
-        if node is None or tree_util.all_leaves([node]):
-            return
-        for key, child in _children(node).items():
-            walk(child, (*path, key))
+        return True
 
-    walk(root, ())
+    _walk(root, visit)
     return tree_util.tree_map(lambda x: Argument(paths[id(x)]) if id(x) in paths else x, out,
                               is_leaf=lambda x: id(x) in paths)
 

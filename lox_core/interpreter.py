@@ -27,7 +27,7 @@ import numpy as np
 
 from lox_core import _compat
 from lox_core.branches import Layout
-from lox_core.logdict import concat, event_count, logdict
+from lox_core.logdict import concat, logdict
 from lox_core.primitive import Site, event_outputs, log_p, site_of
 
 

@@ -33,4 +33,4 @@ def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
         return removed
 
     program = jitted(fun, ("nolog",), make_impl, static_argnums, static_argnames)
-    return Transformed(fun, lambda *args, **kwargs: program((), args, kwargs), static_argnums, static_argnames)
+    return Transformed(fun, lambda *args, **kwargs: program((), args, kwargs), program)

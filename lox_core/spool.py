@@ -49,22 +49,17 @@ class _SharedOnce(logdict):
         return shared
 
     def _flatten(self):
-        holey = _plain(self)
+        holey = _plain(self)  # fresh dicts, but for the steps' per-key ones
         holey._steps = {name: dict(per_key) for name, per_key in holey._steps.items()}
-        holey._totals = {k: list(t) for k, t in holey._totals.items()}
         for place, _ in self._holes:
             _put(holey, place, None)
-        holey._totals = {k: tuple(t) for k, t in holey._totals.items()}
         return [holey], self._holes
 
     @classmethod
     def _unflatten(cls, holes, children):
         logs = children[0]
-        if holes:
-            logs._totals = {k: list(t) for k, t in logs._totals.items()}
-            for place, source in holes:
-                _put(logs, place, _at(logs, source))
-            logs._totals = {k: tuple(t) for k, t in logs._totals.items()}
+        for place, source in holes:
+            _put(logs, place, _at(logs, source))
         return cls.of(logs, holes)
 
 
@@ -103,8 +98,10 @@ def _put(logs: logdict, place, value) -> None:
         logs._steps[where[0]][where[1]] = value
     elif what == "valid":
         logs._valid[where[0]] = value
-    else:  # totals, as lists while they are filled
-        logs._totals[where[0]][where[1]] = value
+    else:  # a (recorded, dropped) pair
+        counts = list(logs._totals[where[0]])
+        counts[where[1]] = value
+        logs._totals[where[0]] = tuple(counts)
 
 
 def _plain(logs: logdict) -> logdict:
@@ -361,4 +358,4 @@ def spool(
         return out, _plain(shared)
 
     # Lowered as it runs: with the steps shared by several keys returned once.
-    return Transformed(fun, call, static_argnums, static_argnames, lowered=lambda *args, **kwargs: program((), args, kwargs))
+    return Transformed(fun, call, program, lowered=lambda *args, **kwargs: program((), args, kwargs))

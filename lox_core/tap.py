@@ -446,7 +446,7 @@ def tap(
             jax.effects_barrier()  # deliver every event before returning
         return out
 
-    return Transformed(fun, call, static_argnums, static_argnames)
+    return Transformed(fun, call, program)
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:
@@ -519,4 +519,4 @@ def tap_with_context(
         return out
 
     # It holds `fun`, which the cache refers to weakly.
-    return Transformed(fun, call, static_argnums, static_argnames, leading=1)
+    return Transformed(fun, call, program, leading=1)

@@ -116,20 +116,16 @@ class Program:
         def flat(signature: arguments.Signature, *values):
             args, kwargs = signature.rebuild(values[leading:])
             result, changes = impl(*values[:leading], *args, **kwargs)
-            filtered = arguments.Filtered.of(result)
-            return (filtered if filtered.static else result), changes
+            return _leaving(result), changes
 
         # Arguments that are all arrays and numbers (hand-written JAX) need no
         # filtering, and hold nothing a function could change in place: they
         # go to `jax.jit` as they are, with the static arguments it handles.
         def direct(*values, **kwargs):
-            result, _ = impl(*values, **kwargs)
-            filtered = arguments.Filtered.of(result)
-            return filtered if filtered.static else result
+            return _leaving(impl(*values, **kwargs)[0])
 
         self._jitted = jax.jit(flat, static_argnums=0)
-        self._direct = jax.jit(direct, static_argnums=tuple(i + leading if i >= 0 else i for i in static_argnums),
-                               static_argnames=static_argnames)
+        self._direct = jax.jit(direct, static_argnums=shifted(static_argnums, leading), static_argnames=static_argnames)
 
     def split(self, args: tuple, kwargs: dict):
         return arguments.split(self.name, args, kwargs, self.static_argnums, self.static_argnames)
@@ -144,6 +140,18 @@ class Program:
                 changes.apply(args, kwargs)
         # An output with non-array leaves leaves the program as a `Filtered` node.
         return result.value((args, kwargs)) if type(result) is arguments.Filtered else result
+
+
+def _leaving(result):
+    """A program's result as it leaves the program: a `Filtered` node when it
+    holds non-array leaves, as it is otherwise."""
+    filtered = arguments.Filtered.of(result)
+    return filtered if filtered.static else result
+
+
+def shifted(argnums: tuple, leading: int) -> tuple:
+    """Static argument numbers of a function called with `leading` arguments before them."""
+    return tuple(i + leading if i >= 0 else i for i in argnums)
 
 
 def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:
@@ -179,21 +187,21 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
 class Transformed:
     """The function a lox transform returns: calls `call`, and lowers or
     traces the same computation under `jax.jit` with `fun`'s signature and
-    static arguments (`lower`, `trace`: of `lowered` if given, a variant of
-    `call` that shows what runs; `call` takes `leading` arguments before
-    `fun`'s). It holds `fun` (the program cache holds it only weakly)."""
+    the static arguments of its `program` (`lower`, `trace`: of `lowered` if
+    given, a variant of `call` that shows what runs; `call` takes `leading`
+    arguments before `fun`'s). It holds `fun` (the program cache holds it
+    only weakly)."""
 
-    def __init__(self, fun: Callable, call: Callable, static_argnums=(), static_argnames=(), leading: int = 0,
+    def __init__(self, fun: Callable, call: Callable, program: Program, leading: int = 0,
                  lowered: Callable | None = None):
         # Not `functools.wraps`: it would copy `fun.__dict__`, and `jax.jit(self)`
         # copies this one's, so attributes must not shadow `lower` and `trace`.
         functools.update_wrapper(self, fun, updated=())
         self._call = call
         self._lowered = lowered or call
-        static = static_arguments(fun, static_argnums, static_argnames)
-        # `call` takes `leading` arguments before `fun`'s.
-        static["static_argnums"] = tuple(i + leading if i >= 0 else i for i in static["static_argnums"])
-        self._static = static
+        # `fun`'s static arguments, as its program read them; `call` takes `leading` arguments before `fun`'s.
+        self._static = {"static_argnums": shifted(program.static_argnums, leading),
+                        "static_argnames": program.static_argnames}
 
     def __call__(self, *args, **kwargs):
         return self._call(*args, **kwargs)
