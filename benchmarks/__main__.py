@@ -83,6 +83,19 @@ def transform():
         row(f"lox.spool per equation at {n} eqns", f"{s * 1e6:.1f} us", None, "linear: flat across sizes")
 
 
+def log_calls():
+    print("Lowering jax.jit(lox.spool(f)) with n separate lox.log calls, each under its own key (10 equations per call)")
+    x = jnp.ones(64)
+    for n in (1_000, 5_000, 10_000, 20_000):
+        t = side_by_side(
+            {"hand": lambda: jax.jit(programs.named_layers_by_hand(n)).lower(x),
+             "spool": lambda: jax.jit(lox.spool(programs.named_layers_logged(n))).lower(x)},
+            reps=1, rounds=5 if n <= 5_000 else 3, summary=min,
+        )
+        row(f"{n} log calls: hand-written", f"{t['hand']:.2f} s")
+        row(f"{n} log calls: lox.spool", f"{t['spool']:.2f} s", t["spool"] / t["hand"], "target <= 1.4")
+
+
 def compile_growth():
     print("Compile time on CPU, elementwise chain of n ops logged every 10 ops (XLA duplicates the chain)")
     x = jnp.ones(64)
@@ -421,7 +434,8 @@ def frameworks():
     frameworks()
 
 
-SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "tap": tap,
+SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth, "log_calls": log_calls,
+            "tap": tap,
             "buffer": buffer, "while": while_loops, "devices": devices, "arrow": arrow, "logger": logger, "trackers": trackers,
             "frameworks": frameworks}
 

@@ -224,6 +224,35 @@ def sin_chain_by_hand(n):
     return _by_hand(_sin_chain, n)
 
 
+def named_layers_logged(calls):
+    """`calls` separate `lox.log` calls, each under a key of its own (the
+    activations of every layer of a deep network, by name)."""
+
+    def f(x):
+        return _named_layers(x, calls, lambda name, v: lox.log({name: v}))
+
+    return f
+
+
+def named_layers_by_hand(calls):
+    def f(x):
+        outs = {}
+        x = _named_layers(x, calls, outs.__setitem__)
+        return x, outs
+
+    return f
+
+
+def _named_layers(x, calls, emit):
+    for i in range(calls):  # blocks of 10 equations, as in `_layers`
+        x = W @ x
+        emit(f"layer{i}", x)
+        for _ in range(4):
+            x = jnp.sin(x) * 1.0001
+        x = x + 1.0
+    return x
+
+
 def scanned_chain_logged(n):
     def f(x):
         return jax.lax.scan(lambda c, _: (chain_logged(n)(c), None), x, None, length=4)[0]

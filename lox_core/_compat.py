@@ -8,11 +8,10 @@ fails loudly in this file instead of silently elsewhere. Supported: JAX 0.8,
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
 import jax
-from jax.extend.core.primitives import jit_p as _jit_p
+from jax.extend.core import primitives as _primitives
 
 from jax._src import core
 from jax._src import debugging as _debugging
@@ -22,6 +21,7 @@ from jax._src import source_info_util
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
+from jax._src.shard_map import shard_map_p as _shard_map_p
 from jax._src.state.types import AbstractRef as _AbstractRef
 
 Jaxpr = core.Jaxpr
@@ -107,58 +107,37 @@ def bind_equation(eqn, invals: list) -> list:
     return out if eqn.primitive.multiple_results else [out]
 
 
-# A run at least this long becomes one nested `jit` equation instead of being
-# copied equation by equation: one equation to add instead of thousands, and XLA
-# inlines the call, so the compiled program is the same.
-SEGMENT_AS_CALL_MIN_EQNS = 32
+def is_staging(trace) -> bool:
+    """Whether `trace` builds a jaxpr (as under `jit`), rather than running eagerly."""
+    return isinstance(trace, pe.DynamicJaxprTrace)
 
 
-def inline_equations(eqns: list, read, write, exported) -> None:
-    """Emit a run of equations that contain nothing for lox to handle.
+def is_ref_aval(aval) -> bool:
+    """Whether `aval` is the abstract value of a `jax.new_ref` Ref."""
+    return isinstance(aval, _AbstractRef)
 
-    Inside a jaxpr trace (always the case under `spool`, which is jitted) a long
-    run is emitted as one nested `jit` of a jaxpr made of the same equations,
-    and a short one is copied into the trace the way `jit` inlines a nested
-    call: neither re-traces nor re-runs abstract evaluation, which keeps lox's
-    transform close to free. Elsewhere the equations are bound one by one.
-    `exported(var)` says whether a variable the run defines is read after it.
-    """
-    trace = current_trace()
-    if not isinstance(trace, pe.DynamicJaxprTrace):
-        for eqn in eqns:
-            outs = bind_equation(eqn, [read(v) for v in eqn.invars])
-            for v, x in zip(eqn.outvars, outs):
-                write(v, x)
-        return
-    defined: set = set()
-    free: dict = {}
-    for eqn in eqns:
-        for v in eqn.invars:
-            if not isinstance(v, Literal) and v not in defined:
-                free[v] = None
-        defined.update(eqn.outvars)
-    invars = list(free)
-    outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar) and exported(v)]
-    # The run's effects as a jaxpr's (relative to its inputs), not the union of
-    # its equations' (a Ref's effects are relative to each equation's inputs).
+
+def jaxpr_of_equations(eqns: list, invars: list, outvars: list) -> Jaxpr:
+    """A jaxpr made of `eqns` as they are, reading `invars` and returning `outvars`."""
+    # The effects as a jaxpr's (relative to its inputs), not the union of its
+    # equations' (a Ref's effects are relative to each equation's inputs).
     effs = pe.make_jaxpr_effects([], invars, outvars, eqns)
     debug_info = linear_util.DebugInfo("lox", "<lox segment>", tuple(f"x{i}" for i in range(len(invars))), None)
-    segment = Jaxpr([], invars, outvars, eqns, effs, debug_info)
-    # A jit may not return a Ref (`jax.new_ref`): such runs are copied instead.
-    if len(eqns) >= SEGMENT_AS_CALL_MIN_EQNS and not any(isinstance(v.aval, _AbstractRef) for v in outvars):
-        outs = _bind_jit(ClosedJaxpr(segment, ()), [read(v) for v in invars])
-    else:
-        src = source_info_util.current()
-        in_tracers = [trace.to_jaxpr_tracer(read(v), src) for v in invars]
-        outs = pe.inline_jaxpr_into_trace(trace, src, segment, [], *in_tracers)
-    for v, x in zip(outvars, outs):
-        write(v, x)
+    return Jaxpr([], invars, outvars, eqns, effs, debug_info)
+
+
+def inline_into_trace(trace, jaxpr: Jaxpr, args: list) -> list:
+    """`jaxpr`'s equations copied into `trace` (a staging one) on `args`, as
+    `jit` inlines a nested call: no re-tracing, no abstract evaluation."""
+    src = source_info_util.current()
+    in_tracers = [trace.to_jaxpr_tracer(x, src) for x in args]
+    return pe.inline_jaxpr_into_trace(trace, src, jaxpr, [], *in_tracers)
 
 
 _jit_template: dict | None = None
 
 
-def _bind_jit(closed: ClosedJaxpr, args: list) -> list:
+def bind_jit(closed: ClosedJaxpr, args: list) -> list:
     """`jit` of a jaxpr lox built, bound without tracing it again. The
     parameters are those JAX gives a plain `jax.jit` call (read from one,
     so that a parameter added by a release is there), sized to the jaxpr."""
@@ -174,12 +153,28 @@ def _bind_jit(closed: ClosedJaxpr, args: list) -> list:
         in_layouts=t["in_layouts"][:1] * n, out_layouts=t["out_layouts"][:1] * m,
         donated_invars=(False,) * n, ctx_mesh=jax.sharding.get_abstract_mesh(),
     )
-    return _jit_p.bind(*args, **params)
+    return jit_p.bind(*args, **params)
 
 
-# --- Parameters of the higher-order primitives lox rebuilds ----------------------
-# Each reader takes only what lox needs and names it, so a renamed parameter
-# raises a KeyError here rather than a wrong program elsewhere.
+# --- The higher-order primitives lox rebuilds, and their parameters -------------
+# lox compares primitives by object, never by name (names change between
+# releases: `pjit` became `jit`). Each parameter reader takes only what lox
+# needs and names it, so a renamed parameter raises a KeyError here rather
+# than a wrong program elsewhere.
+scan_p = _primitives.scan_p
+while_p = _primitives.while_p
+cond_p = _primitives.cond_p
+jit_p = _primitives.jit_p
+closed_call_p = _primitives.closed_call_p
+remat_p = _primitives.remat_p  # `jax.checkpoint`
+custom_jvp_call_p = _primitives.custom_jvp_call_p
+custom_vjp_call_p = _primitives.custom_vjp_call_p
+shard_map_p = _shard_map_p
+
+# Loops whose bodies run a number of times: a scan (known length) or a while loop.
+LOOP_PRIMITIVES = frozenset({scan_p, while_p})
+
+
 class ScanParams(NamedTuple):
     jaxpr: ClosedJaxpr
     length: int
@@ -258,15 +253,6 @@ def shard_map_params(params) -> ShardMapParams:
     )
 
 
-# Primitive names differ between releases (`pjit` became `jit`, `remat2` is
-# `checkpoint` in the public API); these are all the spellings lox handles.
-JIT_NAMES = frozenset({"jit", "pjit", "closed_call"})
-REMAT_NAMES = frozenset({"remat2", "checkpoint", "remat"})
-CUSTOM_JVP_NAMES = frozenset({"custom_jvp_call"})
-CUSTOM_VJP_NAMES = frozenset({"custom_vjp_call"})
-SHARD_MAP_NAMES = frozenset({"shard_map"})
-
-
 # --- batching ---------------------------------------------------------------------
 def register_batching_rule(primitive, rule) -> None:
     """`rule(axis_size, args, dims, **params)`, called under vmap even when no
@@ -284,21 +270,11 @@ def register_batching_rule(primitive, rule) -> None:
 _COND_BATCHING_CODE = _conditionals._cond_batching_rule.__code__
 
 
-def batching_cond_into_select() -> bool:
-    """Whether the batching rule now running was called while `vmap` turns a
-    `cond` with a batched predicate into a `select`: both branches then run for
-    every element, so a log in either branch would fire for all of them.
-
-    JAX offers no hook for this, so we look for its cond batching rule on the
-    Python stack. If JAX renames it the lookup finds nothing; the vmap-of-cond
-    tests catch that.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _COND_BATCHING_CODE and frame.f_locals.get("index_dim") is not None:
-            return True
-        frame = frame.f_back
-    return False
+def is_cond_into_select_frame(frame) -> bool:
+    """Whether `frame` is JAX's cond batching rule turning a `cond` with a
+    batched predicate into a `select` (JAX offers no hook for this; if it
+    renames the rule, nothing matches and the vmap-of-cond tests fail)."""
+    return frame.f_code is _COND_BATCHING_CODE and frame.f_locals.get("index_dim") is not None
 
 
 # --- host callbacks with a result -----------------------------------------------

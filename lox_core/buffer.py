@@ -1,44 +1,57 @@
-"""The device-side buffers of ``lox.tap(f, callback, buffer=K)``.
+"""Events kept on device by a loop: the buffers of ``lox.tap(f, callback,
+buffer=K)`` and of ``lox.spool(f, max_events=N)``.
 
-A tapped loop keeps its events on device, in arrays carried by the loop (the
-outermost loop that logs creates them; loops, branches and functions inside it
-pass them on), and crosses to the host once the buffers hold `K` events, and
-once more when the loop ends. Events are grouped by *kind*: the keys, pytree
-structures, shapes and dtypes of one `lox.log` call, and its step names. Each
-kind has its own arrays, one slot per event, with the event's place in program
-order (`seq`) and whether it was logged (`valid`: false in the slots a `cond`
-branch reserved but did not use).
+A loop whose events cannot leave it as stacked outputs (a while loop, or a
+tapped loop that sends blocks) keeps them in arrays carried by the loop: the
+outermost loop that logs creates them, and loops, branches and functions
+inside it pass them on (`carry`/`resume`). The arrays are kept per *group* of
+keys, the keys that the same `lox.log` calls log (so they arrive together):
+one slot per event, with each key's leaves, each step name's steps
+(:data:`lox.NO_STEP` where an event lacks that name), a count of the slots
+used and, where needed, a mask of the slots that hold events (`valid`). A
+key lives in one group, so its events are in program order there.
 
-Appends between two checks (the end of a loop iteration) are counted in Python
-(`pending`), so an event costs one dynamic-update-slice per array and no
-counter arithmetic; a kind's capacity is `K - 1` plus the number of `lox.log`
-calls of that kind in the loop, the most that can arrive between two checks.
+Appends between two commits (the end of a loop iteration, a carry) are
+counted in Python (`pending`), so an event costs one dynamic-update-slice per
+array and no counter arithmetic.
 
-Branches keep the counters out of the `cond`: each branch fills the slots of
-the most events any branch logs (the rest marked not valid), so the counters
-move by a static amount whichever branch runs. That keeps them unbatched under
-`vmap`, where a cond with a batched predicate runs both branches and selects
-their outputs; a counter among those outputs would become one per element and
-turn the check that sends the buffers into a select that sends them every time.
+Two policies share this layout:
+
+- `TapBuffer` (``buffer=K``) sends its events to the host once it holds `K`
+  and empties; a group has room for `K - 1` plus the events its `lox.log`
+  calls can add before the next check. Branches keep its counters out of the
+  `cond`: each branch fills the slots of the most events any branch logs (the
+  rest marked not valid), so the counters move by a static amount whichever
+  branch runs. That keeps them unbatched under `vmap`, where a cond with a
+  batched predicate runs both branches and selects their outputs; a counter
+  among those outputs would become one per element and turn the check that
+  sends the buffers into a select that sends them every time.
+- `SpoolBuffer` (``max_events=N``) keeps the first `N` events of each group
+  and returns them when the loop ends, as padded series (`logdict.valid`)
+  with the count of events that did not fit (`logdict.dropped`). It has one
+  slot more than it returns: once full, events are written there and
+  forgotten, so an append needs no test. Its counts go through a cond with
+  the branch that ran, so a branch that logs nothing takes no slot; its mask
+  is the count (``arange(N) < count``) unless the key is logged in a loop
+  whose predicate is batched by a `jax.vmap` inside the spool: that loop runs
+  while any element does, every element's events take the same slots, and a
+  stored mask (events × vmap axes) says which elements were running.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lox_core import _compat
-from lox_core.logdict import concat, logdict
+from lox_core.interpreter import continuing
+from lox_core.logdict import NO_STEP, logdict
 from lox_core.primitive import log_p, site_of
-
-# Loops lox rebuilds with a carry; a branch holding one that logs appends a number
-# of events known only at run time.
-_LOOPS = frozenset({"scan", "while"})
 
 
 class Kind(NamedTuple):
@@ -50,7 +63,7 @@ class Kind(NamedTuple):
     steps: tuple  # (name, shape, dtype) of every step
 
 
-def kind_of(keys, values: dict, steps: dict) -> Kind:
+def _kind_of(keys, values: dict, steps: dict) -> Kind:
     """The kind of an event; `values` and `steps` hold arrays, tracers or avals."""
     return Kind(
         tuple(keys),
@@ -67,7 +80,7 @@ def _eqn_kind(selection, eqn) -> Kind | None:
     if not taken:
         return None
     values, steps = site.split([v.aval for v in eqn.invars])
-    return kind_of(taken, values, steps)
+    return _kind_of(taken, values, steps)
 
 
 def kinds_in(selection, jaxpr) -> collections.Counter:
@@ -97,20 +110,20 @@ def appends(selection, jaxpr, scans: bool = False) -> collections.Counter | None
         subs = [getattr(s, "jaxpr", s) for s in _compat.subjaxprs_of(eqn)]
         if not subs:
             continue
-        if scans and eqn.primitive.name == "scan":
+        if scans and eqn.primitive is _compat.scan_p:
             inner = appends(selection, subs[0], scans)
             if inner is None:
                 return None
             total.update({kind: n * _compat.scan_params(eqn.params).length for kind, n in inner.items()})
             continue
-        if eqn.primitive.name in _LOOPS:
+        if eqn.primitive in _compat.LOOP_PRIMITIVES:  # a number of events known only at run time
             if any(kinds_in(selection, s) for s in subs):
                 return None
             continue
         counts = [appends(selection, s, scans) for s in subs]
         if any(c is None for c in counts):
             return None
-        if eqn.primitive.name == "cond":  # one branch runs
+        if eqn.primitive is _compat.cond_p:  # one branch runs
             total.update(collections.Counter({k: max(c[k] for c in counts) for c in counts for k in c}))
         else:
             for c in counts:
@@ -123,7 +136,7 @@ def conds_log_alike(selection, jaxpr) -> bool:
     runs, so that its logs can leave it as outputs."""
     for eqn in jaxpr.eqns:
         subs = [getattr(s, "jaxpr", s) for s in _compat.subjaxprs_of(eqn)]
-        if eqn.primitive.name == "cond":
+        if eqn.primitive is _compat.cond_p:
             counts = [appends(selection, s, scans=True) for s in subs]
             if any(c != counts[0] for c in counts):
                 return False
@@ -153,180 +166,334 @@ def check_one_shape_per_key(
                 )
 
 
-class Buffers:
-    """The buffers of one tapped loop, as the interpreter goes through it.
+class Group(NamedTuple):
+    """Keys logged by the same `lox.log` calls (static): their events come
+    together, so they share a count, step arrays and mask."""
 
-    Holds the current arrays (tracers of whichever trace is being built) and
-    the appends since the last check; `carry`/`resume` pass the arrays in and
-    out of loops, branches and functions.
-    """
+    keys: tuple[str, ...]
+    trees: tuple  # each key's pytree structure
+    leaves: tuple  # each key's leaves' (shape, dtype, sharding of their events or None)
+    steps: dict  # step name -> (shape, dtype)
 
-    def __init__(self, kinds: collections.Counter, size: int):
-        check_one_shape_per_key(kinds)
-        self.size = size
-        self.kinds = list(kinds)
-        self.index = {kind: i for i, kind in enumerate(self.kinds)}
-        self.capacity = [size - 1 + kinds[kind] for kind in self.kinds]
-        self.counts = [jnp.zeros((), jnp.int32) for _ in self.kinds]
-        self.n = jnp.zeros((), jnp.int32)  # events held, all kinds
-        self.arrays = [_empty(kind, cap) for kind, cap in zip(self.kinds, self.capacity)]
-        self.pending = [0] * len(self.kinds)  # appended since the counters last moved
+
+def groups_of(kinds: list[Kind], what: str) -> list[Group]:
+    """The keys of `kinds` grouped by the kinds that log them (each key in one
+    group), with their layouts and the steps any of those kinds carries."""
+    by_kinds: dict[frozenset, list[str]] = {}
+    layout: dict[str, tuple] = {}
+    for kind in kinds:
+        leaves = iter(kind.leaves)
+        for key, tree in zip(kind.keys, kind.trees):
+            layout[key] = (tree, tuple(next(leaves) for _ in range(tree.num_leaves)))
+    for key in layout:
+        owners = frozenset(i for i, kind in enumerate(kinds) if key in kind.keys)
+        by_kinds.setdefault(owners, []).append(key)
+    groups = []
+    for owners, keys in by_kinds.items():
+        steps: dict = {}
+        for i in sorted(owners):
+            for name, shape, dtype in kinds[i].steps:
+                known = steps.get(name)
+                if known is not None and known[0] != shape:
+                    raise ValueError(
+                        f"{what}: the steps {name!r} of key {keys[0]!r} have shape {list(known[0])} in one "
+                        f"`lox.log` and {list(shape)} in another, in one buffered loop. Give them one shape "
+                        "(e.g. log the step outside `jax.vmap`), or use another step name."
+                    )
+                steps[name] = (shape, dtype if known is None else np.promote_types(known[1], dtype))
+        groups.append(Group(tuple(keys), tuple(layout[k][0] for k in keys), tuple(layout[k][1] for k in keys), steps))
+    return groups
+
+
+class DeviceBuffer:
+    """The buffers of one loop, as the interpreter goes through it: per group
+    (`Group`) a dict of arrays (tracers of whichever trace is being built):
+    "count" (slots used), "leaves" (per key, per leaf), "steps" (per step
+    name), and "valid" (the mask) where the group stores one; plus `n`, the
+    events appended. Subclasses choose the room (`slots`), the mask and where
+    an event goes (`_position`), and what happens when it is full."""
+
+    what = "a lox buffer"  # names the transform in error messages
+
+    def __init__(self, kinds: collections.Counter, slots: list[int], stores_valid: list[bool], mask_shapes: list[tuple]):
+        self.groups = groups_of(list(kinds), self.what)
+        self.group_of = {key: i for i, group in enumerate(self.groups) for key in group.keys}
+        self.slots, self.stores_valid, self.mask_shapes = slots, stores_valid, mask_shapes
+        self.arrays = [self._empty(i) for i in range(len(self.groups))]
+        self.n = jnp.zeros((), jnp.int32)
+        self.pending = [0] * len(self.groups)  # appended since the counters last moved
         self.pending_total = 0
 
+    def _empty(self, i: int) -> dict:
+        group, slots = self.groups[i], self.slots[i]
+        # Inside a shard_map, typed per device: the events written into it may differ per device.
+        zeros = lambda shape, fill, dtype, sharding=None: _compat.varying_in_manual_axes(  # noqa: E731
+            _compat.full(shape, fill, dtype, sharding))
+        arrays = {
+            "count": jnp.zeros((), jnp.int32),
+            "leaves": tuple(tuple(zeros((slots, *shape), 0, dtype, sharding) for shape, dtype, sharding in leaves)
+                            for leaves in group.leaves),
+            "steps": {name: zeros((slots, *shape), NO_STEP, dtype) for name, (shape, dtype) in group.steps.items()},
+        }
+        if self.stores_valid[i]:
+            arrays["valid"] = zeros((slots, *self.mask_shapes[i]), False, bool)
+        return arrays
+
     # --- appending -----------------------------------------------------------------
-    def append(self, kind: Kind, leaves: list, steps: list, active) -> None:
-        i = self.index[kind]
-        at = self.counts[i] + self.pending[i]
-        old_leaves, old_steps, valid, seq = self.arrays[i]
-        put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), at, 0)  # noqa: E731
-        self.arrays[i] = (
-            tuple(put(b, x) for b, x in zip(old_leaves, leaves)),
-            tuple(put(b, s) for b, s in zip(old_steps, steps)),
-            put(valid, True if active is None else active),
-            put(seq, self.n + self.pending_total),
-        )
-        self.pending[i] += 1
+    def append(self, values: dict, steps: dict, active) -> None:
+        """One event (`values` by key, `steps` by name): into each of its
+        groups' next slot. `active` (None: always) marks it as logged."""
+        for i in dict.fromkeys(self.group_of[key] for key in values):
+            group, arrays = self.groups[i], self.arrays[i]
+            at = self._position(i)
+
+            def put(buf, x):
+                return jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), at, 0)
+
+            new = dict(arrays)
+            new["leaves"] = tuple(tuple(put(b, x) for b, x in zip(buffers, jax.tree_util.tree_leaves(values[key])))
+                                  for key, buffers in zip(group.keys, arrays["leaves"]))
+            # A slot may be used again (a tap's buffer, once sent): a step name this event lacks is written too.
+            new["steps"] = {name: put(b, steps[name] if name in steps else NO_STEP) for name, b in arrays["steps"].items()}
+            if "valid" in arrays:
+                logged = jnp.broadcast_to(jnp.asarray(True if active is None else active), self.mask_shapes[i])
+                new["valid"] = put(arrays["valid"], logged)
+                self._appended(i, new, at, logged)
+            self.arrays[i] = new
+            self.pending[i] += 1
         self.pending_total += 1
 
+    def _position(self, i: int):
+        """The slot group `i`'s next event goes to."""
+        return self.arrays[i]["count"] + self.pending[i]
+
+    def _appended(self, i: int, arrays: dict, at, logged) -> None:
+        """After an event was written at `at` into a group that stores a mask."""
+
     def commit(self) -> None:
+        """Move the counters by what was appended since they last moved."""
         for i, p in enumerate(self.pending):
             if p:
-                self.counts[i] = self.counts[i] + p
+                self.arrays[i] = dict(self.arrays[i], count=self.arrays[i]["count"] + p)
         if self.pending_total:
             self.n = self.n + self.pending_total
-        self.pending = [0] * len(self.kinds)
+        self.pending = [0] * len(self.groups)
         self.pending_total = 0
 
     def carry(self):
         self.commit()
-        return tuple(self.counts), self.n, tuple(self.arrays)
+        return tuple(self.arrays), self.n
 
-    def structure(self) -> "Buffers":
-        """A copy without the arrays, for a function JAX traces later, which
+    def resume(self, carried) -> None:
+        arrays, self.n = carried
+        self.arrays = list(arrays)
+        self.pending = [0] * len(self.groups)
+        self.pending_total = 0
+
+    def structure(self) -> "DeviceBuffer":
+        """A copy without the arrays, for a body JAX traces later, which
         resumes from the state it is passed: holding no tracer, it can outlive
         the trace it was made in."""
         empty = copy.copy(self)
-        empty.counts = empty.n = empty.arrays = None
-        empty.pending, empty.pending_total = [0] * len(self.kinds), 0
+        empty.arrays = empty.n = None
+        empty.pending, empty.pending_total = [0] * len(self.groups), 0
         return empty
-
-    def resume(self, carried) -> None:
-        counts, self.n, arrays = carried
-        self.counts, self.arrays = list(counts), list(arrays)
-        self.pending = [0] * len(self.kinds)
-        self.pending_total = 0
 
     # --- branches ------------------------------------------------------------------
     def plan_cond(self, selection, branches):
-        """The slots each kind reserves in a cond, or None when a branch holds a
-        loop that logs (then the whole state goes through the cond)."""
+        """How a cond passes the buffers on: None to pass them through it as
+        they are (counters included), or a plan for `leave_branch` and
+        `exit_cond` that keeps the counters out of it."""
+        return None
+
+    def leave_branch(self, plan):
+        raise NotImplementedError
+
+    def exit_cond(self, plan, carried) -> None:
+        raise NotImplementedError
+
+
+class TapBuffer(DeviceBuffer):
+    """``lox.tap(..., buffer=K)``: sends every `K` events (`send_when`)."""
+
+    what = "`lox.tap(..., buffer=K)`"
+
+    def __init__(self, kinds: collections.Counter, size: int):
+        check_one_shape_per_key(kinds, self.what, "one loop", "tap without `buffer`")
+        self.size = size
+        groups = groups_of(list(kinds), self.what)
+        room = [size - 1 + sum(n for kind, n in kinds.items() if group.keys[0] in kind.keys) for group in groups]
+        super().__init__(kinds, room, [True] * len(groups), [()] * len(groups))
+
+    def plan_cond(self, selection, branches):
+        """The slots each group reserves in a cond, or None when a branch
+        holds a loop that logs (then the buffers go through the cond)."""
         counts = [appends(selection, getattr(b, "jaxpr", b)) for b in branches]
         self.commit()
         if any(c is None for c in counts):
             return None
-        most = [max(c[kind] for c in counts) for kind in self.kinds]
-        return most, (list(self.counts), self.n)
+        kinds = list(dict.fromkeys(k for c in counts for k in c))
+        most_of_kind = {kind: max(c[kind] for c in counts) for kind in kinds}
+        most = [0] * len(self.groups)
+        for kind, n in most_of_kind.items():
+            for i in {self.group_of[key] for key in kind.keys if key in self.group_of}:
+                most[i] += n
+        return most, sum(most_of_kind.values()), [a["count"] for a in self.arrays], self.n
 
     def leave_branch(self, plan):
-        """Mark the reserved slots this branch left empty; the arrays it returns."""
-        most, _ = plan
+        """Mark the reserved slots this branch left empty; the arrays it
+        returns (the counters stay out of the cond)."""
+        most = plan[0]
         for i, (used, reserved) in enumerate(zip(self.pending, most)):
             if reserved > used:
-                leaves, steps, valid, seq = self.arrays[i]
+                arrays = self.arrays[i]
                 empty = jnp.zeros((reserved - used,), bool)
-                valid = jax.lax.dynamic_update_slice_in_dim(valid, empty, self.counts[i] + used, 0)
-                self.arrays[i] = (leaves, steps, valid, seq)
-        return tuple(self.arrays)
+                valid = jax.lax.dynamic_update_slice_in_dim(arrays["valid"], empty, arrays["count"] + used, 0)
+                self.arrays[i] = dict(arrays, valid=valid)
+        return tuple({k: v for k, v in a.items() if k != "count"} for a in self.arrays)
 
-    def exit_cond(self, plan, arrays) -> None:
-        most, (counts, n) = plan
-        self.counts, self.n, self.arrays = counts, n, list(arrays)
+    def exit_cond(self, plan, carried) -> None:
+        most, events, counts, self.n = plan
+        self.arrays = [dict(a, count=c) for a, c in zip(carried, counts)]
         self.pending = list(most)
-        self.pending_total = sum(most)
+        self.pending_total = events
 
-    # --- sending ---------------------------------------------------------------------
     def send_when(self, when, token, send):
-        """If `when` (always if None), call ``send(token, when, counts, arrays)``
-        (a chained host call returning the next token) and empty the buffers;
-        returns the token."""
+        """If `when` (always if None), call ``send(token, when, counts,
+        arrays)`` (a chained host call returning the next token) and empty the
+        buffers; returns the token."""
         self.commit()
+        counts = tuple(a["count"] for a in self.arrays)
+        contents = tuple({k: v for k, v in a.items() if k != "count"} for a in self.arrays)
+
+        def emptied(counts, n):
+            self.arrays = [dict(a, count=c) for a, c in zip(self.arrays, counts)]
+            self.n = n
+
         if when is None:
-            token = send(token, jnp.ones((), bool), tuple(self.counts), tuple(self.arrays))
-            self.counts = [jnp.zeros_like(c) for c in self.counts]
-            self.n = jnp.zeros_like(self.n)
+            token = send(token, jnp.ones((), bool), counts, contents)
+            emptied([jnp.zeros_like(c) for c in counts], jnp.zeros_like(self.n))
             return token
 
         def sent(token, counts, n):
-            token = send(token, when, counts, tuple(self.arrays))
+            token = send(token, when, counts, contents)
             return token, tuple(jnp.zeros_like(c) for c in counts), jnp.zeros_like(n)
 
         def kept(token, counts, n):
             return token, counts, n
 
-        token, counts, self.n = jax.lax.cond(when, sent, kept, token, tuple(self.counts), self.n)
-        self.counts = list(counts)
+        token, counts, n = jax.lax.cond(when, sent, kept, token, counts, self.n)
+        emptied(counts, n)
         return token
 
 
-def _empty(kind: Kind, capacity: int):
-    # Inside a shard_map, typed per device: the events written into it may differ per device.
-    zeros = lambda shape, dtype, sharding=None: _compat.varying_in_manual_axes(_compat.full(shape, 0, dtype, sharding))  # noqa: E731
-    leaves = tuple(zeros((capacity, *shape), dtype, sharding) for shape, dtype, sharding in kind.leaves)
-    steps = tuple(zeros((capacity, *shape), dtype) for _, shape, dtype in kind.steps)
-    return leaves, steps, zeros((capacity,), bool), zeros((capacity,), jnp.int32)
+class SpoolBuffer(DeviceBuffer):
+    """``lox.spool(..., max_events=N)``: keeps the first `N` events of each
+    group; `logs` returns them, padded, when the loop ends."""
+
+    what = "`lox.spool(..., max_events=N)`"
+
+    def __init__(self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...], masked_keys=frozenset()):
+        check_one_shape_per_key(kinds, self.what, "a bounded loop", "spool the loop as a `scan`")
+        self.capacity = capacity
+        groups = groups_of(list(kinds), self.what)
+        # A stored mask for the groups logged in a loop with a batched predicate.
+        masked = [bool(mask_shape) and bool(masked_keys.intersection(g.keys)) for g in groups]
+        super().__init__(kinds, [capacity + 1] * len(groups), masked, [mask_shape if m else () for m in masked])
+        for i, m in enumerate(masked):
+            if m:
+                self.arrays[i]["dropped"] = jnp.zeros(mask_shape, jnp.int32)
+
+    def _position(self, i: int):
+        return jnp.minimum(super()._position(i), self.capacity)  # the spare slot once full
+
+    def _appended(self, i: int, arrays: dict, at, logged) -> None:
+        arrays["dropped"] = arrays["dropped"] + (logged & (at >= self.capacity)).astype(jnp.int32)
+
+    def logs(self) -> logdict:
+        """The loop's events: `capacity` slots per key, padded."""
+        self.commit()
+        n = self.capacity
+        data, steps, valid, totals = {}, {}, {}, {}
+        for group, arrays in zip(self.groups, self.arrays):
+            count = arrays["count"]
+            if "valid" in arrays:
+                mask = arrays["valid"][:n]
+                total = (jnp.sum(mask, axis=0, dtype=jnp.int32), arrays["dropped"])
+                # What finished elements computed in the slots they did not log: padding, as for the others.
+                cut = lambda b, fill: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (b.ndim - mask.ndim)), b[:n], fill)  # noqa: E731
+            else:
+                mask = jnp.arange(n) < count
+                total = (jnp.minimum(count, n), jnp.maximum(count - n, 0))
+                cut = lambda b, fill: b[:n]  # noqa: E731
+            for key, tree, buffers in zip(group.keys, group.trees, arrays["leaves"]):
+                data[key] = jax.tree_util.tree_unflatten(tree, [cut(b, jnp.zeros((), b.dtype)) for b in buffers])
+                valid[key], totals[key] = mask, total
+            for name, s in arrays["steps"].items():
+                steps.setdefault(name, {}).update(dict.fromkeys(group.keys, cut(s, jnp.asarray(NO_STEP, s.dtype))))
+        return logdict._trusted({}, {})._like(data, steps, valid, totals)
 
 
-# --- on the host ---------------------------------------------------------------------
-def elements(batch_ndim: int, shape: tuple, tree) -> list:
-    """`tree`'s arrays for each element of the leading `batch_ndim` axes (of
-    size `shape[:batch_ndim]`), in the order `blocks` numbers elements."""
-    batch_shape = tuple(shape[:batch_ndim])
-    return [jax.tree_util.tree_map(lambda x: np.array(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:])[index]), tree)
-            for index in np.ndindex(batch_shape)]
+def batched_loops(selection, eqn) -> tuple[tuple[int, ...], frozenset[str]]:
+    """The vmap axes of the batched predicates in a loop nest (() if none),
+    and the keys logged inside those loops."""
+    shapes, keys = set(), set()
+
+    def visit(eqn):
+        if eqn.primitive is _compat.while_p:
+            p = _compat.while_params(eqn.params)
+            shape = tuple(p.cond_jaxpr.out_avals[0].shape)
+            shapes.add(shape)
+            if shape:
+                keys.update(k for kind in kinds_in(selection, p.body_jaxpr.jaxpr) for k in kind.keys)
+        for sub in _compat.subjaxprs_of(eqn):
+            for inner in getattr(sub, "jaxpr", sub).eqns:
+                visit(inner)
+
+    visit(eqn)
+    shapes.discard(())
+    if len(shapes) > 1:
+        raise NotImplementedError(
+            "`lox.spool(..., max_events=N)` cannot spool nested `jax.lax.while_loop`s whose predicates are "
+            f"batched by different `jax.vmap`s (predicate shapes {sorted(shapes)}). Apply `jax.vmap` outside "
+            "`lox.spool`."
+        )
+    return (shapes.pop() if shapes else ()), frozenset(keys)
 
 
-def blocks(kinds: list[Kind], prefix: str, batch_ndim: int, when, counts, arrays) -> Iterator[tuple[int, logdict]]:
-    """The events a sent buffer holds, one logdict per `vmap` element (one in
-    all outside vmap) with the element's flat index, each key's events in
-    program order."""
-    when = np.asarray(when)
-    batch_shape = when.shape[:batch_ndim]
-    elements = int(np.prod(batch_shape))
-    flat = lambda x: np.reshape(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:]), (elements, *np.shape(x)[batch_ndim:]))  # noqa: E731
-    when = flat(when)
-    counts = [flat(c) for c in counts]
-    arrays = [jax.tree_util.tree_map(flat, a) for a in arrays]
-    for e in range(elements):
-        if not when[e]:
-            continue
-        parts, seqs = [], []
-        for kind, count, (leaves, steps, valid, seq) in zip(kinds, counts, arrays):
-            rows = np.flatnonzero(valid[e, : count[e]])
-            if rows.size == 0:
-                continue
-            flat_leaves = iter([x[e, rows] for x in leaves])  # fancy indexing copies: the callee may keep them
-            data = {
-                prefix + k: jax.tree_util.tree_unflatten(tree, [next(flat_leaves) for _ in range(tree.num_leaves)])
-                for k, tree in zip(kind.keys, kind.trees)
-            }
-            per_name = {name: dict.fromkeys(data, s[e, rows]) for (name, _, _), s in zip(kind.steps, steps)}
-            parts.append(logdict._trusted(data, per_name))
-            seqs.append(seq[e, rows])
-        if not parts:
-            continue
-        yield e, parts[0] if len(parts) == 1 else _in_program_order(parts, seqs)
+# --- scans in chunks ---------------------------------------------------------------
+def in_chunks(handler, scan, init: list, xs: list, chunk: int, end_chunk) -> tuple[list, list]:
+    """Run `scan` (the interpreter's `Scan`) as a scan over chunks of `chunk`
+    iterations (and one shorter chunk for the rest), calling
+    ``end_chunk(logs)`` after each with the chunk's logs: a handler that sends
+    what a chunk logged then does so without a test in every iteration.
+    Returns the scan's carry and ys."""
+    if scan.length == 0:  # no chunk to run
+        carry, ys, _ = scan(init, xs, 0)
+        return carry, ys
+    like = handler.snapshot()
 
+    def run_chunk(carry, xs_chunk, length):
+        values, state = carry
+        with continuing(handler, like, state):
+            values, ys, logs = scan(values, xs_chunk, length, per_iteration=False)
+            end_chunk(logs)
+            return (values, handler.carry()), ys
 
-def _in_program_order(parts: list[logdict], seqs: list[np.ndarray]) -> logdict:
-    """Concatenate kinds; a key logged by several kinds gets its events sorted."""
-    merged = concat(parts)
-    owners = collections.Counter(k for p in parts for k in p)
-    for key, n in owners.items():
-        if n == 1:
-            continue
-        order = np.argsort(np.concatenate([s for p, s in zip(parts, seqs) if key in p]), kind="stable")
-        merged[key] = jax.tree_util.tree_map(lambda x: x[order], merged[key])
-        for per_key in merged.steps.values():
-            if key in per_key:
-                per_key[key] = per_key[key][order]
-    return merged
+    full, rest = divmod(scan.length, chunk)
+    # The iterations of the full chunks, then the rest, in execution order
+    # (a reverse scan runs from the end: its rest is at the front).
+    main_at, rest_at = (slice(rest, None), slice(0, rest)) if scan.reverse else (slice(0, full * chunk), slice(full * chunk, None))
+    carry = (list(init), handler.carry())
+    parts = {}
+    if full:
+        chunked_xs = [jnp.reshape(x[main_at], (full, chunk, *x.shape[1:])) for x in xs]
+        carry, ys = jax.lax.scan(lambda c, x: run_chunk(c, x, chunk), carry, chunked_xs, length=full, reverse=scan.reverse)
+        parts["main"] = [jnp.reshape(y, (full * chunk, *y.shape[2:])) for y in ys]
+    if rest:
+        carry, parts["rest"] = run_chunk(carry, [x[rest_at] for x in xs], rest)
+    order = ["rest", "main"] if scan.reverse else ["main", "rest"]
+    present = [parts[k] for k in order if k in parts]
+    ys = present[0] if len(present) == 1 else [jnp.concatenate(pair) for pair in zip(*present)]
+    handler.resume(carry[1])
+    return carry[0], ys

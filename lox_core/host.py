@@ -30,6 +30,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from lox_core import _compat
+from lox_core.primitive import batching_cond_into_select
 
 host_call_p = Primitive("lox_host_call")
 host_call_p.multiple_results = True
@@ -122,7 +123,7 @@ mlir.register_lowering(host_call_p, _lowering, cacheable=False)
 
 
 def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded, chained):
-    if not guarded and _compat.batching_cond_into_select():
+    if not guarded and batching_cond_into_select():
         raise ValueError(
             "a lox logger call (`logger.log`) sits in a `jax.lax.cond` whose predicate is batched by `jax.vmap`: "
             "vmap runs both branches for every element, so the call would write the branch an element did not "

@@ -1,15 +1,24 @@
 """The jaxpr interpreter behind `spool`, `tap` and `nolog`.
 
 A transform is a `Handler`: it selects log events and says what each becomes
-(an output, a host callback, nothing). The interpreter walks a jaxpr that
+(an output, a host callback, nothing), and it may carry state of its own (a
+pytree of arrays) through the program. The interpreter walks a jaxpr that
 `jax.make_jaxpr` built for the handler; equations with nothing selected inside
-are copied as they are, `lox_log` equations go to the handler, and higher-order
-primitives that contain selected logs are rebuilt through JAX's public calls
-(`lax.scan`, `lax.switch`, `lax.while_loop`, `jax.checkpoint`, `jax.custom_jvp`,
-`jax.custom_vjp`) with bodies that are themselves interpreted. lox never edits
-an equation or binds a control-flow primitive with internal parameters.
+are emitted as they are (`lox_core.segments`), `lox_log` equations go to the
+handler, and higher-order primitives that contain selected logs go to a rule,
+which rebuilds them through JAX's public calls (`lax.scan`, `lax.switch`,
+`lax.while_loop`, `jax.checkpoint`, `jax.custom_jvp`, `jax.custom_vjp`,
+`jax.shard_map`) with bodies that are themselves interpreted. lox never
+edits an equation or binds a control-flow primitive with internal parameters.
 
-Order: handler → interpreter → per-primitive rules.
+Every rule has one code path: the handler's state goes into each body as an
+input and comes out as an output (`threaded`), an empty pytree for handlers
+that keep none. What a handler decides about loops and branches happens in
+its hooks (`enter_loop`, `run_scan`, `enter_cond`, ...), not in the rules.
+
+Adding a primitive: a rule `rule(handler, eqn, invals, active) -> (outs,
+logs)` registered with `@rule_for(_compat.some_p)` below, plus a parameter
+reader in `_compat` (see the contributor page of the docs).
 """
 
 from __future__ import annotations
@@ -19,13 +28,13 @@ import contextlib
 import contextvars
 import dataclasses
 import weakref
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lox_core import _compat
+from lox_core import _compat, segments
 from lox_core.branches import Layout
 from lox_core.logdict import concat, logdict
 from lox_core.primitive import Site, event_outputs, log_p, site_of
@@ -50,77 +59,95 @@ class Selection:
         return tuple(k for k in site.keys if k in self.argnames)
 
 
+class Loop(NamedTuple):
+    """A loop equation the interpreter is about to rebuild."""
+
+    eqn: object  # the equation (its parameters are read through `_compat`)
+    body: object  # the body's jaxpr
+    length: int | None  # a scan's number of iterations; None for a while loop
+    predicate: object = None  # a while loop's predicate jaxpr
+
+
 class Handler:
-    """What a transform does with the log events it selects."""
+    """What a transform does with the log events it selects.
+
+    A handler's state lives in a context variable, one per interpretation
+    (`session`): the state a loop, branch or function passes in and out is
+    `carry()` (a pytree of arrays; empty by default), and the handler goes on
+    from a carried state with `resume`. The hooks below are called by the
+    rules at fixed points; their defaults do nothing.
+    """
 
     selection: Selection = Selection()
-    collects = False  # whether events become outputs (spool) or not (tap, nolog)
-    guards_branches = False  # whether events need to know that their cond branch was taken
+    name = "lox"
     keep_logs = False  # whether selected events stay visible to outer transforms
     defers_logs = False  # whether on_log emits nothing, so it may run after later equations
-    name = "lox"
-    # Whether the handler threads state of its own through the program: a
-    # pytree of arrays that the rules below pass into and out of every loop,
-    # branch and function that holds selected logs (tap: the token that orders
-    # its host calls, and the buffers of `buffer=K`).
-    carries = False
+    uses_active = False  # whether on_log needs `active` in cond branches and while loops (tap)
+
+    def __init__(self):
+        self._state: contextvars.ContextVar = contextvars.ContextVar(f"lox_{type(self).__name__}_state")
 
     def on_log(self, site: Site, values: dict, steps: dict, active) -> logdict | None:
         """Handle one event (`values` holds the selected keys only); return the
-        logs it contributes to the enclosing program's outputs, if any."""
+        logs it contributes to the enclosing program's outputs, if any.
+        `active` (None: always) is false where the event did not really
+        happen: under `vmap` a loop or branch runs for elements that finished
+        it or did not take it, and what they compute is thrown away."""
         raise NotImplementedError
 
-    # --- state, for handlers that carry it ---------------------------------------
+    # --- state ---------------------------------------------------------------------
+    def fresh_state(self, like=None):
+        """A new state (None for a handler without one), taking the static
+        parts of `like` (a state) if given."""
+        return None
+
+    @property
+    def state(self):
+        return self._state.get(None)
+
+    @contextlib.contextmanager
     def session(self, like=None):
-        """A context for one interpretation: fresh state, or a copy of the
-        static parts of `like` (a `snapshot`), for functions JAX may trace
-        after the interpretation ended (custom derivative rules)."""
-        return contextlib.nullcontext()
+        """One interpretation, or one body of it: a fresh state (a copy of the
+        static parts of `like`), dropped at the end. Bodies that JAX traces
+        after the interpretation ended (custom derivative rules) hold nothing
+        of the state they were made in."""
+        token = self._state.set(self.fresh_state(like))
+        try:
+            yield
+        finally:
+            self._state.reset(token)
 
     def snapshot(self):
-        return None
+        """The static parts of the current state, for bodies traced later."""
+        return self.fresh_state(self.state)
 
     def carry(self):
         """The current state, to pass into a loop, branch or function."""
-        raise NotImplementedError
+        return ()
 
     def resume(self, carried) -> None:
         """Go on with the state a loop, branch or function returned."""
-        raise NotImplementedError
 
-    def can_enter_shard_map(self) -> bool:
-        """Whether the state can pass into a shard_map (replicated) as it is."""
-        return True
-
-    bounds_loops = False  # whether logs in loops of unknown length can be collected (`max_events`)
-
-    def enter_loop(self, eqn, body):
-        """Before a loop equation (scan or while) whose body is `body`; returns
-        what `exit_loop` needs."""
+    # --- loops -----------------------------------------------------------------------
+    def enter_loop(self, loop: Loop):
+        """Before a loop that holds selected logs; returns what `run_scan` and
+        `exit_loop` need. A handler that cannot handle the loop raises here."""
         return None
+
+    def run_scan(self, entered, scan: "Scan", init: list, xs: list):
+        """Run a scan that `enter_loop` entered: ``scan(init, xs)`` runs it
+        whole; a handler may run it in parts instead (`Scan`)."""
+        return scan(init, xs)
 
     def end_iteration(self, active) -> None:
-        """At the end of each loop iteration. `active` (None: always) says
-        whether the iteration really ran: under `vmap` a loop or branch runs
-        for elements that finished it or did not take it, and what they
-        compute is then thrown away, so a handler must not act on it."""
-
-    def chunk_length(self, body, length: int) -> int | None:
-        """For a scan the handler just entered: run it in chunks of this many
-        iterations, calling `end_chunk` after each instead of `end_iteration`
-        after every iteration (None: one loop, as it is)."""
-        return None
-
-    def end_chunk(self, logs: logdict, active) -> None:
-        """After each chunk of a scan run in chunks, with the chunk's logs
-        (`active` as in `end_iteration`)."""
+        """At the end of each loop iteration (`active` as in `on_log`)."""
 
     def exit_loop(self, entered, active) -> logdict | None:
         """After the loop, with its final state resumed; the logs the loop
-        returns, if the handler kept them in its state (`active` as in
-        `end_iteration`)."""
+        returns, if the handler kept them in its state."""
         return None
 
+    # --- branches --------------------------------------------------------------------
     def enter_cond(self, branches):
         """Before a cond; returns a plan for `leave_branch` and `exit_cond`."""
         return None
@@ -133,35 +160,37 @@ class Handler:
         """After the cond, with the state its taken branch returned."""
         self.resume(carried)
 
+    # --- other places ----------------------------------------------------------------
+    def enter_shard_map(self, keys: str) -> None:
+        """Before a `shard_map` that holds selected logs (`keys` names them);
+        raises if the handler cannot take them from there."""
 
-class StatefulHandler(Handler):
-    """A handler that carries state: one state object per interpretation,
-    held in a context variable (`state`), made by `fresh_state`."""
 
-    carries = True
+@contextlib.contextmanager
+def continuing(handler: Handler, like, state):
+    """While JAX traces a body: the handler in a session of its own (static
+    parts from `like`, a `snapshot`) going on from `state`, the body's input.
+    Nothing of the body's trace stays referenced once JAX has built it."""
+    with handler.session(like):
+        handler.resume(state)
+        yield
 
-    def __init__(self):
-        self._state: contextvars.ContextVar = contextvars.ContextVar(f"lox_{type(self).__name__}_state")
 
-    def fresh_state(self, like=None):
-        """A new state, taking the static parts of `like` (a state) if given."""
-        raise NotImplementedError
+def threaded(handler: Handler, closed, active, record: list | None = None) -> Callable:
+    """A sub-jaxpr as ``f(state, *args) -> (outs, logs, state)``, interpreted
+    with the handler going on from `state`: what every higher-order rule
+    calls. The logs of its last trace land in `record` if given (abstract
+    values, to describe them in error messages)."""
+    like = handler.snapshot()
 
-    @property
-    def state(self):
-        return self._state.get()
+    def fun(state, *args):
+        with continuing(handler, like, state):
+            outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
+            if record is not None:
+                record[:] = [jax.tree_util.tree_map(jax.typeof, logs)]
+            return outs, logs, handler.carry()
 
-    @contextlib.contextmanager
-    def session(self, like=None):
-        token = self._state.set(self.fresh_state(like))
-        try:
-            yield
-        finally:
-            self._state.reset(token)
-
-    def snapshot(self):
-        # A copy: what a loop adds to the live state is dropped when the loop ends.
-        return self.fresh_state(self.state)
+    return fun
 
 
 def signature(logs: logdict):
@@ -280,7 +309,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         if pending:
             counts = use_counts()
             inside = collections.Counter(v for e in pending for v in e.invars if not isinstance(v, _compat.Literal))
-            _compat.inline_equations(pending, read, write, lambda v: counts[v] > inside[v])
+            segments.emit_run(pending, read, write, lambda v: counts[v] > inside[v])
             pending.clear()
         for eqn in deferred:
             collected.append(log_rule(handler, site_of(eqn.params), [read(v) for v in eqn.invars], active))
@@ -304,7 +333,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             new = log_rule(handler, site_of(eqn.params), invals, active)
             outs = event_outputs(invals) if returned_event_used else []
         else:
-            rule = rules.get(eqn.primitive.name)
+            rule = rules.get(eqn.primitive)
             if rule is None:
                 raise NotImplementedError(
                     f"`{eqn.primitive.name}` contains lox.log calls ({_keys_text(_selected_sites(handler, eqn))}) "
@@ -322,6 +351,11 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
 def _keys_text(sites) -> str:
     keys = dict.fromkeys(k for s in sites for k in s.keys)
     return "keys " + ", ".join(map(repr, keys))
+
+
+def selected_keys(handler: Handler, eqn) -> str:
+    """The keys of the selected logs inside an equation, for error messages."""
+    return _keys_text(_selected_sites(handler, eqn))
 
 
 def log_rule(handler: Handler, site: Site, operands: list, active) -> logdict | None:
@@ -345,155 +379,108 @@ def _rebind(site: Site, values: dict, steps: dict, keys: tuple[str, ...]) -> Non
 
 # --- rules for higher-order primitives ---------------------------------------------------
 # Every rule is `rule(handler, eqn, invals, active) -> (outs, logs)`. Logs leave
-# a sub-jaxpr as extra outputs: a logdict is a pytree.
-rules: dict[str, Callable] = {}
+# a sub-jaxpr as extra outputs (a logdict is a pytree), and the handler's state
+# as one more (`threaded`). Rules are listed in a fixed order: calls, loops,
+# branches, remat, custom derivatives, shard_map.
+Rule = Callable[[Handler, object, list, object], tuple]
+rules: dict[object, Rule] = {}
 
 
-def _interpreted(handler: Handler, closed, active, record: list | None = None):
-    """The jaxpr as a function returning (outputs, logs); the logs of its last
-    trace land in `record` if given, to describe them in error messages."""
+def rule_for(*primitives) -> Callable[[Rule], Rule]:
+    """Register the decorated function as the rule of `primitives` (objects from `_compat`)."""
 
-    def fun(*args):
-        outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
-        if record is not None:  # abstract values only: the arrays belong to this trace
-            record[:] = [jax.tree_util.tree_map(jax.typeof, logs)]
-        return outs, logs
+    def register(fun: Rule) -> Rule:
+        for primitive in primitives:
+            rules[primitive] = fun
+        return fun
 
-    return fun
+    return register
 
 
+@rule_for(_compat.jit_p, _compat.closed_call_p)
+def jit_rule(handler, eqn, invals, active):
+    # A nested jit is inlined: XLA would inline it anyway, and its logs become
+    # part of the enclosing program (on the same trace: no state to thread).
+    closed = _compat.call_jaxpr(eqn.params)
+    return interpret(handler, closed.jaxpr, closed.consts, invals, active)
+
+
+@rule_for(_compat.scan_p)
 def scan_rule(handler, eqn, invals, active):
     p = _compat.scan_params(eqn.params)
     consts = invals[: p.num_consts]
     init = invals[p.num_consts : p.num_consts + p.num_carry]
     xs = invals[p.num_consts + p.num_carry :]
-    if not handler.carries:
-        carry, ys, logs = _scan(handler, p, consts, init, xs, active, p.length)
-        return [*carry, *ys], logs
-    entered = handler.enter_loop(eqn, p.jaxpr)
-    chunk = handler.chunk_length(p.jaxpr, p.length) if entered else None
-    if chunk is None:
-        carry, ys, logs = _scan(handler, p, consts, init, xs, active, p.length)
-    else:
-        carry, ys = _chunked_scan(handler, p, consts, init, xs, active, chunk)
-        logs = logdict()
+    entered = handler.enter_loop(Loop(eqn, p.jaxpr.jaxpr, p.length))
+    carry, ys, logs = handler.run_scan(entered, Scan(handler, p, consts, active), init, xs)
     more = handler.exit_loop(entered, active)
     return [*carry, *ys], logs if more is None else concat([logs, more])
 
 
-@contextlib.contextmanager
-def _inside(handler, state, outside):
-    """While JAX traces a loop body or branch: the handler goes on from `state`
-    (what the body receives), and afterwards back to `outside` (the state
-    before the loop), so that nothing of the body's trace stays referenced
-    once JAX has built it (`jax.checking_leaks` would call that a leak)."""
-    handler.resume(state)
-    try:
-        yield
-    finally:
-        handler.resume(outside)
+class Scan:
+    """A scan equation being rebuilt: ``scan(init, xs, length)`` runs `length`
+    iterations of its interpreted body over `xs` (the whole scan by default)
+    on the handler's current state, and returns ``(carry, ys, logs)``. A
+    handler's `run_scan` may run it in parts: with ``per_iteration=False`` the
+    handler's `end_iteration` is not called after each iteration."""
 
+    def __init__(self, handler: Handler, p: _compat.ScanParams, consts: list, active):
+        self.handler, self.p, self.consts, self.active = handler, p, consts, active
+        self.length, self.reverse = p.length, p.reverse
 
-def _scan(handler, p, consts, init, xs, active, length: int, chunked: bool = False):
-    """`p`'s scan over `length` iterations of `xs`, interpreted: (carry, ys,
-    logs). A `chunked` one is a chunk of `_chunked_scan`: the handler acts at
-    its end, not after every iteration."""
-    body_fun = _interpreted(handler, p.jaxpr, active)
-    layout: list = []
-    carries = handler.carries
-    if carries:
-        init = (list(init), handler.carry())
+    def __call__(self, init: list, xs: list, length: int | None = None, per_iteration: bool = True):
+        handler, p, consts, active = self.handler, self.p, self.consts, self.active
+        length = p.length if length is None else length
+        like = handler.snapshot()
+        layout: list = []
 
-    def body(carry, x):
-        if not carries:
-            return body_from(carry, x)
-        carry, state = carry
-        with _inside(handler, state, outside=init[1]):
-            return body_from(carry, x)
+        def body(carry, x):
+            carry, state = carry
+            with continuing(handler, like, state):
+                token = _expansions.set((_compat.current_trace(), {}))
+                try:
+                    outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, [*consts, *carry, *x], active)
+                    originals = _expansions.get()[1]
+                finally:
+                    _expansions.reset(token)
+                if per_iteration:
+                    handler.end_iteration(active)
+                new_carry = (outs[: p.num_carry], handler.carry())
+            # Event counts (of bounded loops inside) are summed, not stacked.
+            logs, totals = _without_totals(logs)
+            leaves, tree = jax.tree_util.tree_flatten(logs)
+            # One event per iteration (the common case) leaves the body without its
+            # event axis, exactly like a hand-written `ys`; and an array shared by
+            # several keys (an event's step) leaves once.
+            unique, where = unique_objects(leaves)
+            squeeze = [leaf.shape[0] == 1 for leaf in unique]
+            layout[:] = [tree, squeeze, where]
+            ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
+            return new_carry, (outs[p.num_carry :], ys_logs, totals)
 
-    def body_from(carry, x):
-        token = _expansions.set((_compat.current_trace(), {}))
-        try:
-            outs, logs = body_fun(*consts, *carry, *x)
-            originals = _expansions.get()[1]
-        finally:
-            _expansions.reset(token)
-        new_carry = outs[: p.num_carry]
-        if carries:
-            if not chunked:
-                handler.end_iteration(active)
-            new_carry = (new_carry, handler.carry())
-        # Event counts (of bounded loops inside) are summed, not stacked.
-        logs, totals = _without_totals(logs)
-        leaves, tree = jax.tree_util.tree_flatten(logs)
-        # One event per iteration (the common case) leaves the body without its
-        # event axis, exactly like a hand-written `ys`; and an array shared by
-        # several keys (an event's step) leaves once.
-        unique, where = unique_objects(leaves)
-        squeeze = [leaf.shape[0] == 1 for leaf in unique]
-        layout[:] = [tree, squeeze, where]
-        ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
-        return new_carry, (outs[p.num_carry :], ys_logs, totals)
-
-    # With `xs` the scan takes its length from them (a symbolic dimension under `jax.export`, which `length=` refuses).
-    carry, (ys, unique, totals) = jax.lax.scan(body, init, xs, length=None if xs else length, reverse=p.reverse, unroll=p.unroll)
-    if carries:
-        carry, state = carry
+        # With `xs` the scan takes its length from them (a symbolic dimension under `jax.export`, which `length=` refuses).
+        (carry, state), (ys, unique, totals) = jax.lax.scan(
+            body, (list(init), handler.carry()), xs, length=None if xs else length, reverse=p.reverse, unroll=p.unroll
+        )
         handler.resume(state)
-    tree, squeeze, where = layout
+        tree, squeeze, where = layout
 
-    def events_in_order(x, squeezed):
-        # (iterations, [events per iteration,] ...) → (events, ...) in execution
-        # order; a reverse scan runs its last iteration first.
-        x = jnp.flip(x, 0) if p.reverse else x
-        return x if squeezed else x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+        def events_in_order(x, squeezed):
+            # (iterations, [events per iteration,] ...) → (events, ...) in execution
+            # order; a reverse scan runs its last iteration first.
+            x = jnp.flip(x, 0) if p.reverse else x
+            return x if squeezed else x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
-    unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
-    leaves = [unique[i] for i in where]
-    logs = jax.tree_util.tree_unflatten(tree, leaves)
-    logs._totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
-    return carry, ys, logs
+        unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
+        logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
+        logs._totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
+        return carry, ys, logs
 
 
 def _without_totals(logs: logdict) -> tuple[logdict, dict]:
     if not logs._totals:
         return logs, {}
     return logs._like(dict(logs), logs.steps, totals={}), logs._totals
-
-
-def _chunked_scan(handler, p, consts, init, xs, active, chunk: int):
-    """A scan as a scan over chunks of `chunk` iterations (and one shorter
-    chunk for the rest), calling ``handler.end_chunk(logs)`` after each with
-    the chunk's logs: a handler that sends what a chunk logged then does so
-    without a test in every iteration."""
-
-    def run_chunk(carry, xs_chunk, length):
-        with _inside(handler, carry[1], outside):
-            carry, ys, logs = _scan(handler, p, consts, carry[0], xs_chunk, active, length, chunked=True)
-            handler.end_chunk(logs, active)
-            return (carry, handler.carry()), ys
-
-    if p.length == 0:  # no chunk to run
-        carry, ys, _ = _scan(handler, p, consts, init, xs, active, 0)
-        return carry, ys
-    full, rest = divmod(p.length, chunk)
-    # The iterations of the full chunks, then the rest, in execution order
-    # (a reverse scan runs from the end: its rest is at the front).
-    main_at, rest_at = (slice(rest, None), slice(0, rest)) if p.reverse else (slice(0, full * chunk), slice(full * chunk, None))
-    carry = (list(init), handler.carry())
-    outside = carry[1]
-    parts = {}
-    if full:
-        chunked_xs = [jnp.reshape(x[main_at], (full, chunk, *x.shape[1:])) for x in xs]
-        carry, ys = jax.lax.scan(lambda c, x: run_chunk(c, x, chunk), carry, chunked_xs, length=full, reverse=p.reverse)
-        parts["main"] = [jnp.reshape(y, (full * chunk, *y.shape[2:])) for y in ys]
-    if rest:
-        carry, parts["rest"] = run_chunk(carry, [x[rest_at] for x in xs], rest)
-    order = ["rest", "main"] if p.reverse else ["main", "rest"]
-    present = [parts[k] for k in order if k in parts]
-    ys = present[0] if len(present) == 1 else [jnp.concatenate(pair) for pair in zip(*present)]
-    handler.resume(carry[1])
-    return carry[0], ys
 
 
 def unique_objects(values: list) -> tuple[list, list[int]]:
@@ -507,126 +494,43 @@ def unique_objects(values: list) -> tuple[list, list[int]]:
     return unique, where
 
 
-rules["scan"] = scan_rule
-
-
-def cond_rule(handler, eqn, invals, active):
-    index, *ops = invals
-    branches = _compat.cond_branches(eqn.params)
-    records = [[] for _ in branches]
-    carries = handler.carries
-    if carries:
-        plan = handler.enter_cond(branches)
-        outside = handler.carry()
-        ops = [outside, *ops]
-    layout = None  # set when the branches log differently: their logs are padded to it
-
-    def branch(i, closed):
-        def fun(*ops):
-            if not carries:
-                return branch_from(*ops)
-            state, *ops = ops
-            with _inside(handler, state, outside):
-                return branch_from(*ops)
-
-        def branch_from(*ops):
-            # Under vmap with a batched index both branches run for every element;
-            # `index == i` is then the mask of elements that took this branch (tap
-            # uses it; spool's outputs are selected per element by JAX itself).
-            guard = active
-            if handler.guards_branches:
-                here = index == i
-                guard = here if active is None else jnp.logical_and(active, here)
-            outs, logs = _interpreted(handler, closed, guard, records[i])(*ops)
-            logs = canonical(logs) if layout is None else layout.pad(canonical(logs))
-            if carries:
-                return outs, logs, handler.leave_branch(plan)
-            return outs, logs
-
-        return fun
-
-    def switch():
-        return jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], *ops)
-
-    try:
-        outs, logs, *state = switch()
-    except TypeError:
-        logged = [canonical(rec[0]) for rec in records if rec]
-        if len(logged) < len(branches) or all(signature(r) == signature(logged[0]) for r in logged):
-            raise  # not about the logs
-        # Semantically, a key that some branches log and others do not (or log
-        # fewer times) is a padded series: valid where the branch that ran logged it.
-        layout = Layout(logged)
-        outs, logs, *state = switch()
-    if carries:
-        handler.exit_cond(plan, state[0])
-    return outs, logs
-
-
-rules["cond"] = cond_rule
-
-
+@rule_for(_compat.while_p)
 def while_rule(handler, eqn, invals, active):
     p = _compat.while_params(eqn.params)
-    if handler.collects and not handler.bounds_loops:
-        keys = _keys_text(_selected_sites(handler, eqn))
-        raise ValueError(
-            f"`{handler.name}` cannot collect logs ({keys}) inside `jax.lax.while_loop` (which is also what "
-            "`jax.lax.fori_loop` becomes when its bounds are traced): the number of iterations, and so the "
-            "number of events, is unknown at compile time. Give the spool a capacity "
-            "(`lox.spool(f, max_events=N)` keeps the first N events of each key in the loop), use "
-            "`jax.lax.scan` or a `fori_loop` with static bounds, stream the events with `lox.tap`, or remove "
-            "them with `lox.nolog`."
-        )
+    entered = handler.enter_loop(Loop(eqn, p.body_jaxpr.jaxpr, None, p.cond_jaxpr.jaxpr))
     cconsts = invals[: p.cond_nconsts]
     bconsts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
     init = invals[p.cond_nconsts + p.body_nconsts :]
-    carries = handler.carries
-    if carries:
-        entered = handler.enter_loop(eqn, p.body_jaxpr)
-        state = outside = handler.carry()
+    like = handler.snapshot()
+    batched_pred = len(p.cond_jaxpr.out_avals[0].shape) > 0
 
     def pred_fun(carry, h=handler):
         return interpret(h, p.cond_jaxpr.jaxpr, p.cond_jaxpr.consts, [*cconsts, *carry], active)[0][0]
 
     def cond_fun(carry):
-        if carries:
-            # Logs in the predicate use the state but cannot change it (the
-            # predicate returns only a boolean); a handler that must, refuses.
-            carry, state = carry
-            with _inside(handler, state, outside), _in_predicate(True):
-                pred = pred_fun(carry)
-        else:
+        carry, state = carry
+        # Logs in the predicate use the state but cannot change it (the
+        # predicate returns only a boolean); a handler that must, refuses.
+        with continuing(handler, like, state), _in_predicate(True):
             pred = pred_fun(carry)
         # A predicate batched by vmap (a prefix of every carry's shape): loop while any element runs.
         return jnp.any(pred) if jnp.ndim(pred) else pred
 
-    batched_pred = len(p.cond_jaxpr.out_avals[0].shape) > 0
-
     def body_fun(carry):
-        if carries:
-            carry, state = carry
-            with _inside(handler, state, outside):
-                new, guard = body(carry)
-                handler.end_iteration(guard)
-                return new, handler.carry()
-        return body(carry)[0]
-
-    def body(carry):
-        guard = active
-        if handler.guards_branches or batched_pred:
-            here = pred_fun(carry, DropAll())  # its logs were emitted by cond_fun
-            # A handler with state needs to know which elements of a batched loop run.
-            if handler.guards_branches or carries:
+        carry, state = carry
+        with continuing(handler, like, state):
+            guard = active
+            if handler.uses_active or batched_pred:
+                # Under vmap, the elements whose own predicate is false are done: not active.
+                here = pred_fun(carry, DropAll())  # its logs were emitted by cond_fun
                 guard = here if active is None else jnp.logical_and(active, here)
-        new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
-        if batched_pred:
-            new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
-        return new, guard
+            new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
+            if batched_pred:
+                new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
+            handler.end_iteration(guard)
+            return new, handler.carry()
 
-    if not carries:
-        return jax.lax.while_loop(cond_fun, body_fun, list(init)), []
-    outs, state = jax.lax.while_loop(cond_fun, body_fun, (list(init), state))
+    outs, state = jax.lax.while_loop(cond_fun, body_fun, (list(init), handler.carry()))
     handler.resume(state)
     return outs, handler.exit_loop(entered, active)
 
@@ -648,65 +552,73 @@ def in_while_predicate() -> bool:
     return _predicate.get()
 
 
-rules["while"] = while_rule
+@rule_for(_compat.cond_p)
+def cond_rule(handler, eqn, invals, active):
+    index, *ops = invals
+    branches = _compat.cond_branches(eqn.params)
+    records = [[] for _ in branches]
+    plan = handler.enter_cond(branches)
+    like = handler.snapshot()
+    layout = None  # set when the branches log differently: their logs are padded to it
 
+    def branch(i, closed):
+        def fun(state, *ops):
+            with continuing(handler, like, state):
+                # Under vmap with a batched index both branches run for every element;
+                # `index == i` is then the mask of elements that took this branch (tap
+                # uses it; spool's outputs are selected per element by JAX itself).
+                guard = active
+                if handler.uses_active:
+                    here = index == i
+                    guard = here if active is None else jnp.logical_and(active, here)
+                outs, logs = interpret(handler, closed.jaxpr, closed.consts, ops, guard)
+                records[i][:] = [jax.tree_util.tree_map(jax.typeof, logs)]
+                logs = canonical(logs) if layout is None else layout.pad(canonical(logs))
+                return outs, logs, handler.leave_branch(plan)
 
-def jit_rule(handler, eqn, invals, active):
-    # A nested jit is inlined: XLA would inline it anyway, and its logs become
-    # part of the enclosing program.
-    closed = _compat.call_jaxpr(eqn.params)
-    return interpret(handler, closed.jaxpr, closed.consts, invals, active)
+        return fun
 
+    def switch():
+        return jax.lax.switch(index, [branch(i, b) for i, b in enumerate(branches)], handler.carry(), *ops)
 
-for _name in _compat.JIT_NAMES:
-    rules[_name] = jit_rule
-
-
-def remat_rule(handler, eqn, invals, active):
-    p = _compat.remat_params(eqn.params)
-    fun = _interpreted(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active)
-    if not handler.carries:
-        return jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(*invals)
-    outs, logs, state = jax.checkpoint(_threading(handler, fun), prevent_cse=p.prevent_cse, policy=p.policy)(
-        handler.carry(), *invals
-    )
-    handler.resume(state)
+    try:
+        outs, logs, state = switch()
+    except TypeError:
+        logged = [canonical(rec[0]) for rec in records if rec]
+        if len(logged) < len(branches) or all(signature(r) == signature(logged[0]) for r in logged):
+            raise  # not about the logs
+        # Semantically, a key that some branches log and others do not (or log
+        # fewer times) is a padded series: valid where the branch that ran logged it.
+        layout = Layout(logged)
+        outs, logs, state = switch()
+    handler.exit_cond(plan, state)
     return outs, logs
 
 
-def _threading(handler, fun):
-    """`fun(*args) -> (outs, logs)` as `f(state, *args) -> (outs, logs, state)`,
-    for a handler that carries state."""
-
-    like = handler.snapshot()
-
-    def threaded(state, *args):
-        with handler.session(like):
-            handler.resume(state)
-            outs, logs = fun(*args)
-            return outs, logs, handler.carry()
-
-    return threaded
-
-
-for _name in _compat.REMAT_NAMES:
-    rules[_name] = remat_rule
+@rule_for(_compat.remat_p)
+def remat_rule(handler, eqn, invals, active):
+    p = _compat.remat_params(eqn.params)
+    fun = threaded(handler, _compat.ClosedJaxpr(p.jaxpr, ()), active)
+    outs, logs, state = jax.checkpoint(fun, prevent_cse=p.prevent_cse, policy=p.policy)(handler.carry(), *invals)
+    handler.resume(state)
+    return outs, logs
 
 
 # Semantically, the events of a custom_jvp / custom_vjp function are those of its
 # primal function, whether or not it is differentiated: the rebuilt function
 # returns them as extra outputs with zero tangents (their cotangents are
-# ignored). The JVP/forward/backward rules run as the user wrote them; they
+# ignored), and the handler's state goes in first and comes out last, with zero
+# tangents too. The JVP/forward/backward rules run as the user wrote them; they
 # usually call the primal function, whose events were collected already, so
 # those keys are removed from the rule, and any other log in a rule stays in the
 # program for an enclosing transform or the default output. (Under
 # `spool(jax.grad(f))` JAX has replaced the function by its rule before lox sees
 # it, so there the rule's logs are collected like any others.)
 def _primal_and_original(handler, eqn, active) -> tuple[Callable, Callable]:
-    """A custom_jvp/vjp equation's primal function, interpreted, and the
-    equation itself as a function."""
+    """A custom_jvp/vjp equation's primal function, interpreted and threaded,
+    and the equation itself as a function."""
     p = _compat.custom_call_params(eqn.params)
-    primal = _interpreted(handler, p.call_jaxpr, active)
+    primal = threaded(handler, p.call_jaxpr, active)
 
     def original(*args):
         return _compat.bind_equation(eqn, list(args))
@@ -721,60 +633,43 @@ def _zero_tangent(x):
     return np.zeros(x.shape, jax.dtypes.float0)
 
 
+@rule_for(_compat.custom_jvp_call_p)
 def custom_jvp_rule(handler, eqn, invals, active):
     primal, original = _primal_and_original(handler, eqn, active)
-    carries = handler.carries
-    if carries:  # the handler's state goes in first and comes out last, with zero tangents
-        primal, invals = _threading(handler, primal), [handler.carry(), *invals]
     fun = jax.custom_jvp(primal)
 
     @fun.defjvp
     def fun_jvp(primals, tangents):
         result = primal(*primals)
-        if carries:
-            primals, tangents = primals[1:], tangents[1:]
-        _, out_tangents = without_logs(handler, eqn, lambda p, t: jax.jvp(original, p, t), primals, tangents)
+        _, out_tangents = without_logs(handler, eqn, lambda p, t: jax.jvp(original, p, t), primals[1:], tangents[1:])
         return result, (list(out_tangents), *(jax.tree_util.tree_map(_zero_tangent, r) for r in result[1:]))
 
-    return _resumed(handler, fun(*invals))
+    outs, logs, state = fun(handler.carry(), *invals)
+    handler.resume(state)
+    return outs, logs
 
 
-def _resumed(handler, result):
-    """(outs, logs[, state]) → (outs, logs), going on with the state."""
-    if handler.carries:
-        handler.resume(result[2])
-    return result[0], result[1]
-
-
-for _name in _compat.CUSTOM_JVP_NAMES:
-    rules[_name] = custom_jvp_rule
-
-
+@rule_for(_compat.custom_vjp_call_p)
 def custom_vjp_rule(handler, eqn, invals, active):
     primal, original = _primal_and_original(handler, eqn, active)
-    carries = handler.carries
     state_shapes: list = []
-    if carries:
-        primal, invals = _threading(handler, primal), [handler.carry(), *invals]
     fun = jax.custom_vjp(primal)
 
-    def fwd(*args):
-        result = primal(*args)
-        if carries:
-            state_shapes[:] = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args[0])]
-            args = args[1:]
+    def fwd(state, *args):
+        result = primal(state, *args)
+        state_shapes[:] = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)]
         outs, pullback = without_logs(handler, eqn, lambda *a: jax.vjp(original, *a), *args)
         return (outs, *result[1:]), pullback
 
     def bwd(pullback, cotangents):
-        out_cts = cotangents[0]
-        arg_cts = tuple(without_logs(handler, eqn, pullback, list(out_cts)))
-        if carries:  # nothing flows back into the handler's state
-            return (jax.tree_util.tree_map(_zero_of, state_shapes[0]), *arg_cts)
-        return arg_cts
+        arg_cts = tuple(without_logs(handler, eqn, pullback, list(cotangents[0])))
+        # Nothing flows back into the handler's state.
+        return (jax.tree_util.tree_map(_zero_of, state_shapes[0]), *arg_cts)
 
     fun.defvjp(fwd, bwd)
-    return _resumed(handler, fun(*invals))
+    outs, logs, state = fun(handler.carry(), *invals)
+    handler.resume(state)
+    return outs, logs
 
 
 def _zero_of(shape):
@@ -783,63 +678,35 @@ def _zero_of(shape):
     return np.zeros(shape.shape, jax.dtypes.float0)
 
 
-for _name in _compat.CUSTOM_VJP_NAMES:
-    rules[_name] = custom_vjp_rule
-
-
 # Inside `jax.shard_map` every device runs the body on its own shards, so a log
 # there is an event per device: a tap calls back once per device, with that
-# device's values. The tap's token goes in replicated and comes out once per
-# device; the program goes on after the last device's call. Collecting the
-# per-device events as outputs is not supported.
+# device's values. The handler's state goes in replicated and comes out once
+# per device; the program goes on after the last device's call. Collecting the
+# per-device events as outputs is not supported (`enter_shard_map` refuses).
+@rule_for(_compat.shard_map_p)
 def shard_map_rule(handler, eqn, invals, active):
     p = _compat.shard_map_params(eqn.params)
-    keys = _keys_text(_selected_sites(handler, eqn))
-    if handler.collects or handler.keep_logs:
-        raise ValueError(
-            f"`{handler.name}` cannot collect logs ({keys}) from inside `jax.shard_map`, where each device logs "
-            "its own shard. Stream them with `lox.tap` (one callback per device), return the values from the "
-            "shard_map and log them outside, or remove the logs with `lox.nolog`."
-        )
-    carries = handler.carries
-    if carries and not handler.can_enter_shard_map():
-        raise NotImplementedError(
-            f"`{handler.name}` cannot buffer the logs ({keys}) of a `jax.shard_map` inside a buffered loop. "
-            "Put the loop inside the shard_map, or tap without `buffer`."
-        )
+    handler.enter_shard_map(selected_keys(handler, eqn))
     axes = tuple(sorted(p.manual_axes))
     replicated = jax.sharding.PartitionSpec()
-    extra = []
-    if carries:
-        extra.append(handler.carry())
-    if active is not None:
-        extra.append(active)
+    extra = [handler.carry()] + ([] if active is None else [active])
+    like = handler.snapshot()
 
-    def body(*args):
-        state, args = (args[0], args[1:]) if carries else (None, args)
+    def body(state, *args):
         inner_active, args = (args[0], args[1:]) if active is not None else (None, args)
-        if not carries:
-            return interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)[0]
-        with _inside(handler, state, outside=extra[0]):
+        with continuing(handler, like, state):
             outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)
             per_device = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry())
             return outs, per_device
 
     in_specs = (*[replicated] * len(extra), *p.in_specs)
-    out_specs = (list(p.out_specs), jax.sharding.PartitionSpec(*axes)) if carries else list(p.out_specs)
+    out_specs = (list(p.out_specs), jax.sharding.PartitionSpec(*axes))
     mapped = jax.shard_map(body, mesh=p.mesh, in_specs=in_specs, out_specs=out_specs,
                            axis_names=set(p.manual_axes), check_vma=p.check_vma)
-    result = mapped(*extra, *invals)
-    if not carries:
-        return result, []
-    outs, per_device = result
-    # Every device made the same calls: any device's token will do as the next call's input.
+    outs, per_device = mapped(*extra, *invals)
+    # Every device made the same calls: any device's state (a token) will do as the next call's input.
     handler.resume(jax.tree_util.tree_map(lambda x: jnp.max(x, axis=tuple(range(len(axes)))), per_device))
     return outs, []
-
-
-for _name in _compat.SHARD_MAP_NAMES:
-    rules[_name] = shard_map_rule
 
 
 class DropAll(Handler):
@@ -848,6 +715,7 @@ class DropAll(Handler):
     name = "lox.nolog"
 
     def __init__(self, selection: Selection = Selection()):
+        super().__init__()
         self.selection = selection
 
     def on_log(self, site, values, steps, active):

@@ -408,42 +408,56 @@ def concat(parts: Iterable[logdict]) -> logdict:
     """Concatenate logdicts event-wise, key by key, in the order given.
 
     A key that carries a step name in some parts but not others gets
-    :data:`NO_STEP` for the events that lacked it.
+    :data:`NO_STEP` for the events that lacked it. Linear in the number of
+    parts and keys: one pass groups the parts by key.
     """
-    parts = list(parts)
-    keys: dict[str, None] = {}
+    holders: dict[str, list[logdict]] = {}  # key -> the parts holding it, in order
+    names: dict[str, dict[str, None]] = {}  # key -> its step names, in order of appearance
+    order: dict[str, None] = {}  # every step name, in order of appearance
     for p in parts:
-        keys.update(dict.fromkeys(p))
-    names: dict[str, None] = {}
-    for p in parts:
-        names.update(dict.fromkeys(p._steps))
-    data, steps = {}, {name: {} for name in names}
+        for key in p:
+            holders.setdefault(key, []).append(p)
+        for name, per_key in p._steps.items():
+            order[name] = None
+            for key in per_key:
+                names.setdefault(key, {})[name] = None
+    data: dict = {}
+    steps: dict[str, dict] = {}
     valid, totals = {}, {}
-    for key in keys:
-        holders = [p for p in parts if key in p]
-        _check_same_structure(key, [p[key] for p in holders])
-        data[key] = _concat([p[key] for p in holders])
-        masks = [p._valid.get(key) for p in holders]
+    for key, held in holders.items():
+        values = [p[key] for p in held]
+        if len(held) == 1:  # the common case of distinct keys: nothing to join
+            p = held[0]
+            data[key] = values[0]
+            for name in names.get(key, ()):
+                steps.setdefault(name, {})[key] = p._steps[name][key]
+            if key in p._valid:
+                valid[key] = p._valid[key]
+            if key in p._totals:
+                totals[key] = p._totals[key]
+            continue
+        _check_same_structure(key, values)
+        data[key] = _concat(values)
+        masks = [p._valid.get(key) for p in held]
         if any(m is not None for m in masks):
             like = next(m for m in masks if m is not None)
             xp = _numpy_or_jax(like)
-            masks = [m if m is not None else xp.ones((event_count(p[key]), *like.shape[1:]), bool) for m, p in zip(masks, holders)]
+            masks = [m if m is not None else xp.ones((event_count(p[key]), *like.shape[1:]), bool) for m, p in zip(masks, held)]
             valid[key] = _concat(masks)
-        if any(key in p._totals for p in holders):
-            recorded = [p.count[key] for p in holders]
-            dropped = [p.dropped[key] for p in holders]
+        if any(key in p._totals for p in held):
+            recorded = [p.count[key] for p in held]
+            dropped = [p.dropped[key] for p in held]
             totals[key] = (sum(recorded[1:], recorded[0]), sum(dropped[1:], dropped[0]))
-        for name in names:
-            have = [p._steps.get(name, {}).get(key) for p in holders]
-            if all(h is None for h in have):
-                continue
+        for name in names.get(key, ()):
+            have = [p._steps.get(name, {}).get(key) for p in held]
             like = next(h for h in have if h is not None)
             filled = [
                 h if h is not None else _numpy_or_jax(like).full((event_count(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
-                for h, p in zip(have, holders)
+                for h, p in zip(have, held)
             ]
-            steps[name][key] = _concat(filled)
-    return logdict(data, steps)._like(data, steps, valid, totals)
+            steps.setdefault(name, {})[key] = _concat(filled)
+    steps = {name: steps[name] for name in order if name in steps}
+    return logdict._trusted({}, {})._like(data, steps, valid, totals)
 
 
 def _check_same_structure(key: str, values: list) -> None:

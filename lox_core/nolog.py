@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lox_core.interpreter import DropAll
+from lox_core.options import NologOptions
 from lox_core.transform import Transformed, jitted, trace_and_interpret
 
 
@@ -32,5 +33,5 @@ def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
 
         return removed
 
-    program = jitted(fun, ("nolog",), make_impl, static_argnums, static_argnames)
+    program = jitted(fun, NologOptions(), make_impl, static_argnums, static_argnames)
     return Transformed(fun, lambda *args, **kwargs: program((), args, kwargs), program)

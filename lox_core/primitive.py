@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import sys
 from typing import Any, Iterable, NamedTuple
 
 import jax
@@ -239,12 +240,25 @@ def _batch(size, args, dims, **params):
         for x, d in zip(args, dims)
     ]
     params = dict(params, batch_ndim=params["batch_ndim"] + 1)
-    params["in_select"] = params["in_select"] or _compat.batching_cond_into_select()
+    params["in_select"] = params["in_select"] or batching_cond_into_select()
     outs = log_p.bind(*args, **params)
     return outs, [1] * len(outs)  # (event, batch, ...)
 
 
 _compat.register_batching_rule(log_p, _batch)
+
+
+def batching_cond_into_select() -> bool:
+    """Whether the batching rule now running was called while `vmap` turns a
+    `cond` with a batched predicate into a `select`: both branches then run for
+    every element, so a log in either branch would fire for all of them. Read
+    from the Python stack (see `_compat.is_cond_into_select_frame`)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _compat.is_cond_into_select_frame(frame):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def vmap_of_cond_message(site: Site, what: str) -> str:

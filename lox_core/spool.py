@@ -8,12 +8,11 @@ from typing import Callable, Iterable
 
 import jax
 import jax.export
-import numpy as np
 
-from lox_core import _compat, bounded
-from lox_core.buffer import kinds_in
-from lox_core.interpreter import Handler, Selection, StatefulHandler, in_while_predicate, single_event
+from lox_core.buffer import SpoolBuffer, batched_loops, kinds_in
+from lox_core.interpreter import Handler, Selection, in_while_predicate, selected_keys, single_event
 from lox_core.logdict import REDUCTIONS, logdict
+from lox_core.options import SpoolOptions, positive_int, selection, string
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import Transformed, jitted, trace_and_interpret
 
@@ -117,11 +116,13 @@ jax.export.register_pytree_node_serialization(
 
 
 class SpoolHandler(Handler):
-    collects = True
+    """`lox.spool`: every selected event becomes outputs of the program."""
+
     defers_logs = True
     name = "lox.spool"
 
     def __init__(self, selection: Selection, keep_logs: bool):
+        super().__init__()
         self.selection = selection
         self.keep_logs = keep_logs
 
@@ -130,25 +131,41 @@ class SpoolHandler(Handler):
             raise ValueError(vmap_of_cond_message(site, "spooled"))
         return event_logdict(values, steps, expand=single_event)
 
+    def enter_loop(self, loop):
+        if loop.length is None:
+            raise ValueError(
+                f"`{self.name}` cannot collect logs ({selected_keys(self, loop.eqn)}) inside `jax.lax.while_loop` "
+                "(which is also what `jax.lax.fori_loop` becomes when its bounds are traced): the number of "
+                "iterations, and so the number of events, is unknown at compile time. Give the spool a capacity "
+                "(`lox.spool(f, max_events=N)` keeps the first N events of each key in the loop), use "
+                "`jax.lax.scan` or a `fori_loop` with static bounds, stream the events with `lox.tap`, or remove "
+                "them with `lox.nolog`."
+            )
+        return None
+
+    def enter_shard_map(self, keys: str) -> None:
+        raise ValueError(
+            f"`{self.name}` cannot collect logs ({keys}) from inside `jax.shard_map`, where each device logs "
+            "its own shard. Stream them with `lox.tap` (one callback per device), return the values from the "
+            "shard_map and log them outside, or remove the logs with `lox.nolog`."
+        )
+
 
 class _Bounds:
     """What a bounded spool carries: the buffers of the loop being spooled, if any."""
 
     __slots__ = ("buffers",)
 
-    def __init__(self, buffers: bounded.Bounded | None = None):
+    def __init__(self, buffers: SpoolBuffer | None = None):
         self.buffers = buffers
 
 
-class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
+class BoundedSpoolHandler(SpoolHandler):
     """`lox.spool(f, max_events=N)`: as `SpoolHandler`, and the logs of a
-    `while_loop` go to buffers of `N` events per key (`lox_core.bounded`)."""
-
-    bounds_loops = True
+    `while_loop` go to buffers of `N` events per key (`lox_core.buffer`)."""
 
     def __init__(self, selection: Selection, keep_logs: bool, max_events: int):
-        StatefulHandler.__init__(self)
-        SpoolHandler.__init__(self, selection, keep_logs)
+        super().__init__(selection, keep_logs)
         self.max_events = max_events
 
     def fresh_state(self, like=None):
@@ -162,18 +179,17 @@ class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
         if self.state.buffers is not None:
             self.state.buffers.resume(carried)
 
-    def enter_loop(self, eqn, body):
+    def enter_loop(self, loop):
         state = self.state
         # Scans stack their events; a while loop inside a bounded one passes its buffers on.
-        if eqn.primitive.name != "while" or state.buffers is not None:
+        if loop.length is not None or state.buffers is not None:
             return False
-        predicate = _compat.while_params(eqn.params).cond_jaxpr.jaxpr
-        if kinds_in(self.selection, predicate):
-            self._refuse_in_predicate(_keys_in(self.selection, predicate))
-        kinds = kinds_in(self.selection, getattr(body, "jaxpr", body))
+        if kinds_in(self.selection, loop.predicate):
+            self._refuse_in_predicate(_keys_in(self.selection, loop.predicate))
+        kinds = kinds_in(self.selection, loop.body)
         if not kinds:
             return False
-        state.buffers = bounded.Bounded(kinds, self.max_events, *bounded.batched_loops(self.selection, eqn))
+        state.buffers = SpoolBuffer(kinds, self.max_events, *batched_loops(self.selection, loop.eqn))
         return True
 
     def exit_loop(self, entered, active):
@@ -205,22 +221,6 @@ class BoundedSpoolHandler(StatefulHandler, SpoolHandler):
 
 def _keys_in(selection: Selection, jaxpr) -> list[str]:
     return list(dict.fromkeys(k for kind in kinds_in(selection, jaxpr) for k in kind.keys))
-
-
-def selection(argnames, tags) -> Selection:
-    return Selection(_names("argnames", argnames), _names("tags", tags))
-
-
-def _names(what: str, names) -> frozenset[str] | None:
-    if names is None:
-        return None
-    if isinstance(names, str):
-        names = [names]
-    names = frozenset(names)
-    bad = [n for n in names if not isinstance(n, str)]
-    if bad:
-        raise TypeError(f"`{what}` must be strings, got {bad[0]!r}.")
-    return names
 
 
 def spool(
@@ -320,38 +320,32 @@ def spool(
     >>> int(steps), int(logs.count["n"]), int(logs.dropped["n"]), logs.trim()["n"].tolist()
     (7, 7, 0, [100, 50, 25, 12, 6, 3, 1])
     """
-    chosen = selection(argnames, tags)
     if reduce is not None and reduce not in REDUCTIONS:
         raise ValueError(f"unknown reduce mode {reduce!r} for `lox.spool`: use one of {', '.join(REDUCTIONS)}.")
-    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
-        raise ValueError(f"`lox.spool` interval must be an integer >= 1, got {interval!r}.")
-    if not isinstance(prefix, str):
-        raise TypeError(f"`lox.spool` prefix must be a string, got {prefix!r}.")
-    if max_events is None:
-        handler = SpoolHandler(chosen, bool(keep_logs))
+    options = SpoolOptions(
+        selection(argnames, tags), bool(keep_logs), positive_int("`lox.spool` interval", interval), reduce,
+        string("`lox.spool` prefix", prefix),
+        positive_int("`lox.spool` max_events", max_events, "events kept per key and loop"),
+    )
+    if options.max_events is None:
+        handler = SpoolHandler(options.selection, options.keep_logs)
     else:
-        if isinstance(max_events, bool) or not isinstance(max_events, (int, np.integer)) or max_events < 1:
-            raise ValueError(
-                f"`lox.spool` max_events must be an integer >= 1 (events kept per key and loop), got {max_events!r}."
-            )
-        max_events = int(max_events)
-        handler = BoundedSpoolHandler(chosen, bool(keep_logs), max_events)
+        handler = BoundedSpoolHandler(options.selection, options.keep_logs, options.max_events)
 
     def make_impl(get_fun):
         def spooled(*args, **kwargs):
             out, logs, _, changes = trace_and_interpret(get_fun(), handler, args, kwargs)
-            if interval is not None:
-                logs = logs._every(interval)
-            if reduce is not None:
-                logs = logs.reduce(reduce)
-            if prefix:
-                logs = logs.prefix(prefix)
+            if options.interval is not None:
+                logs = logs._every(options.interval)
+            if options.reduce is not None:
+                logs = logs.reduce(options.reduce)
+            if options.prefix:
+                logs = logs.prefix(options.prefix)
             return (out, _SharedOnce.of(logs)), changes
 
         return spooled
 
-    config = ("spool", chosen, bool(keep_logs), interval, reduce, prefix, max_events)
-    program = jitted(fun, config, make_impl, static_argnums, static_argnames)
+    program = jitted(fun, options, make_impl, static_argnums, static_argnames)
 
     def call(*args, **kwargs):
         out, shared = program((), args, kwargs)

@@ -3,40 +3,19 @@
 from __future__ import annotations
 
 import contextvars
-import threading
 from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from lox_core import console
-from lox_core.host import chain_end, chain_start, host_call
 from lox_core import buffer as buffering
-from lox_core.interpreter import StatefulHandler, in_while_predicate, single_event, unique_objects
-from lox_core.logdict import event_count, logdict
+from lox_core.delivery import Delivery, print_event
+from lox_core.host import chain_end, chain_start, host_call
+from lox_core.interpreter import Handler, in_while_predicate, single_event, unique_objects
+from lox_core.logdict import logdict
 from lox_core.primitive import event_logdict, vmap_of_cond_message
-from lox_core.spool import selection
+from lox_core.options import TapOptions, positive_int, selection, string
 from lox_core.transform import Transformed, jitted, trace_and_interpret, traced
-
-
-def print_event(event: logdict) -> None:
-    """The default tap callback: one readable line per event (a buffered tap
-    delivers several events of a key at once: one line each, key by key)."""
-    if all(event_count(v) == 1 for v in event.values()):
-        values = {k: jax.tree_util.tree_map(lambda x: x[0], v) for k, v in event.items()}
-        steps = {name: next(iter(per_key.values()))[0] for name, per_key in event.steps.items()}
-        print(console.format_event(values, steps), flush=True)
-        return
-    for key, value in event.items():
-        for i in range(event_count(value)):
-            values = {key: jax.tree_util.tree_map(lambda x: x[i], value)}
-            steps = {name: per_key[key][i] for name, per_key in event.steps.items() if key in per_key}
-            print(console.format_event(values, steps), flush=True)
-
-
-def _one_event(x):
-    return x[None]
 
 
 # The value handed to each callback along with the event (`tap_with_context`),
@@ -53,33 +32,31 @@ class _State:
 
     __slots__ = ("token", "buffers", "collecting")
 
-    def __init__(self, buffers: buffering.Buffers | None = None, collecting: bool = False):
+    def __init__(self, buffers: buffering.TapBuffer | None = None, collecting: bool = False):
         self.token = None
         self.buffers = buffers
         self.collecting = collecting
 
 
-class TapHandler(StatefulHandler):
-    guards_branches = True
+class TapHandler(Handler):
+    uses_active = True
     name = "lox.tap"
 
-    def __init__(
-        self, selection, callback: Callable, prefix: str, with_context: bool = False, batched: bool = False,
-        buffer: int | None = None, block_callback: Callable | None = None,
-    ):
+    def __init__(self, options: TapOptions):
         super().__init__()
-        self.selection = selection
-        self.callback = callback
+        self.selection = options.selection
+        self.callback = options.callback
         # With a context, buffered events go to ``block_callback(batch_ndim, logs, context)``.
-        self.block_callback = block_callback
-        self.prefix = prefix
-        self.with_context = with_context
-        self.batched = batched
-        self.buffer = buffer
-        # Devices call back from threads of their own (shard_map): one callback at a time.
-        self._lock = threading.Lock()
+        self.block_callback = options.block_callback
+        self.prefix = options.prefix
+        self.with_context = options.with_context
+        self.batched = options.batched
+        self.buffer = options.buffer
+        self.name = options.transform
+        self.delivery = Delivery(options.callback, options.prefix, options.batched, options.with_context,
+                                 options.block_callback)
 
-    # --- the carried state (see `StatefulHandler`) -------------------------------------
+    # --- the carried state (see `Handler`) ---------------------------------------------
     def fresh_state(self, like=None):
         # The buffers' arrays come with the state resumed.
         if like is None:
@@ -103,15 +80,19 @@ class TapHandler(StatefulHandler):
         if len(carried) > 1:
             state.buffers.resume(carried[1])
 
-    def can_enter_shard_map(self) -> bool:
-        return self.state.buffers is None and not self.state.collecting
+    def enter_shard_map(self, keys: str) -> None:
+        if self.state.buffers is not None or self.state.collecting:
+            raise NotImplementedError(
+                f"`{self.name}` cannot buffer the logs ({keys}) of a `jax.shard_map` inside a buffered loop. "
+                "Put the loop inside the shard_map, or tap without `buffer`."
+            )
 
-    def enter_loop(self, eqn, body):
+    # --- loops: the buffers of `buffer=K` ----------------------------------------------
+    def enter_loop(self, loop):
         state = self.state
         if self.buffer is None or state.buffers is not None or state.collecting:
             return None  # unbuffered, or inside a loop that buffers already
-        body = getattr(body, "jaxpr", body)
-        kinds = buffering.kinds_in(self.selection, body)
+        kinds = buffering.kinds_in(self.selection, loop.body)
         if not kinds:
             return None
         buffering.check_one_shape_per_key(kinds)
@@ -119,12 +100,24 @@ class TapHandler(StatefulHandler):
         # alike in each branch, no while loop inside logs) keeps them as the
         # outputs of chunks of about `buffer` events, each sent when it ends:
         # what `lox.spool` costs, plus a host call per chunk.
-        if (eqn.primitive.name == "scan" and buffering.appends(self.selection, body, scans=True)
-                and buffering.conds_log_alike(self.selection, body)):
+        if (loop.length is not None and buffering.appends(self.selection, loop.body, scans=True)
+                and buffering.conds_log_alike(self.selection, loop.body)):
             state.collecting = True
             return "collect"
-        state.buffers = buffering.Buffers(kinds, self.buffer)
+        state.buffers = buffering.TapBuffer(kinds, self.buffer)
         return "buffers"
+
+    def run_scan(self, entered, scan, init, xs):
+        if entered is None:
+            return scan(init, xs)
+        # A scan that logs a known number of events per iteration sends after
+        # each chunk of about `buffer` events: no test in every iteration.
+        per_iteration = buffering.appends(self.selection, scan.p.jaxpr.jaxpr, scans=self.state.collecting)
+        if not per_iteration:  # a loop inside logs: as many events as it runs
+            return scan(init, xs)
+        chunk = max(1, min(scan.length, self.buffer // sum(per_iteration.values())))
+        carry, ys = buffering.in_chunks(self, scan, init, xs, chunk, lambda logs: self._end_chunk(logs, scan.active))
+        return carry, ys, logdict()
 
     def end_iteration(self, active) -> None:
         buffers = self.state.buffers
@@ -132,18 +125,10 @@ class TapHandler(StatefulHandler):
             buffers.commit()
             self._send_when(_both(buffers.n >= buffers.size, active))
 
-    def chunk_length(self, body, length: int) -> int | None:
-        # A scan that logs a known number of events per iteration sends after
-        # each chunk of about `buffer` events: no test in every iteration.
-        per_iteration = buffering.appends(self.selection, getattr(body, "jaxpr", body), scans=self.state.collecting)
-        if not per_iteration:  # a loop inside logs: as many events as it runs
-            return None
-        return max(1, min(length, self.buffer // sum(per_iteration.values())))
-
     # Under `vmap`, an element that finished a while loop (or did not take a
     # branch) still runs it on values that are thrown away: `active` is false
     # there, and it sends nothing (its events were, or will be, sent).
-    def end_chunk(self, logs, active) -> None:
+    def _end_chunk(self, logs, active) -> None:
         if self.state.collecting:
             self._send_logs(logs, active)
             return
@@ -179,17 +164,7 @@ class TapHandler(StatefulHandler):
     def _send_when(self, when) -> None:
         state = self.state
         buffers = state.buffers
-        kinds, prefix, callback, lock = buffers.kinds, self.prefix, self.callback, self._lock
-        context, block_callback = self._context(buffers.kinds[0].keys), self.block_callback
-
-        def deliver(batch_ndim, when, counts, arrays, context):
-            elements = None if block_callback is None else buffering.elements(batch_ndim, np.shape(when), context)
-            with lock:
-                for e, block in buffering.blocks(kinds, prefix, batch_ndim, when, counts, arrays):
-                    if block_callback is None:
-                        callback(block)
-                    else:  # one element's events, routed with its context
-                        block_callback(0, block, elements[e])
+        deliver, context = self.delivery.buffers(buffers.groups), self._context(buffers.groups[0].keys)
 
         def send(token, when, counts, arrays):
             return host_call(deliver, when, counts, arrays, context, token=token)
@@ -213,43 +188,12 @@ class TapHandler(StatefulHandler):
     def _send_logs(self, logs: logdict, when) -> None:
         """Send a chunk's logs (each key's events in program order), one
         logdict per vmap element, of the elements where `when` (all if None)."""
-        callback, lock = self.callback, self._lock
         if self.prefix:
             logs = logs.prefix(self.prefix)
         leaves, tree = jax.tree_util.tree_flatten(logs)
         unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
-        context, block_callback = self._context(list(logs)), self.block_callback
-
-        def block_of(arrays):  # the chunk's logs, from the unique arrays
-            return jax.tree_util.tree_unflatten(tree, [arrays[i] for i in where])
-
-        def deliver(batch_ndim, unique, when, context):
-            # The user's callback gets copies (np.array): the host call's arrays may be buffers that XLA reuses.
-            if batch_ndim == 0 and block_callback is None:  # the common case, kept cheap: one block, no routing
-                if when is None or when:
-                    block = block_of([np.array(x) for x in unique])
-                    with lock:
-                        callback(block)
-                return
-            batch_shape = np.shape(unique[0])[:batch_ndim]
-            sending = np.broadcast_to(True if when is None else when, batch_shape)
-            if block_callback is not None and sending.all():  # all elements at once, routed by the context
-                block = block_of(unique)
-                with lock:
-                    block_callback(batch_ndim, block, context)
-                return
-            contexts = None if block_callback is None else buffering.elements(batch_ndim, batch_shape, context)
-            for e, index in enumerate(np.ndindex(batch_shape)):
-                if not sending[index]:
-                    continue
-                block = block_of([np.array(x[index]) for x in unique])
-                with lock:
-                    if block_callback is None:
-                        callback(block)
-                    else:
-                        block_callback(0, block, contexts[e])
-
-        self.state.token = host_call(deliver, unique, when, context, token=self._token())
+        deliver = self.delivery.chunk(tree, where)
+        self.state.token = host_call(deliver, unique, when, self._context(list(logs)), token=self._token())
 
     # --- events ----------------------------------------------------------------------
     def on_log(self, site, values, steps, active):
@@ -262,59 +206,7 @@ class TapHandler(StatefulHandler):
         if state.buffers is not None:
             self._buffer(site, keys, values, steps, active)
             return None
-        callback, prefix, with_context, batched = self.callback, self.prefix, self.with_context, self.batched
-        lock = self._lock
-
-        def deliver(*args):
-            with lock:
-                deliver_unlocked(*args)
-
-        def deliver_unlocked(batch_ndim, taken, vals, stps, context):
-            if batch_ndim == 0 and not (with_context or batched):
-                # One event, the common case: nothing to route, nothing to split. (A
-                # batched event of `tap(vmap(f))` in a while loop whose predicate is
-                # batched goes out while any element runs.)
-                if taken is None or np.any(taken):
-                    data = {
-                        prefix + k: v[None] if isinstance(v, np.ndarray) else jax.tree_util.tree_map(_one_event, v)
-                        for k, v in zip(keys, vals)
-                    }
-                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
-                return
-            batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
-            # Elements that took their cond branch (all of them outside a cond).
-            if taken is None:
-                took = np.ones(batch_shape, bool)
-            else:  # a mask over inner vmap axes too (tap of a vmapped while loop): any element of them
-                taken = np.asarray(taken)
-                took = taken.reshape(batch_shape) if taken.size == np.prod(batch_shape) else taken.reshape(*batch_shape, -1).any(-1)
-            if with_context or batched:
-                # The batched event (batch axes, then the event axis) in one call.
-                # Copies (np.array): the callee may keep them, and XLA may reuse its buffers.
-                data = {prefix + k: jax.tree_util.tree_map(lambda x: np.expand_dims(np.array(x), batch_ndim), v) for k, v in zip(keys, vals)}
-                per_name = {n: dict.fromkeys(data, np.expand_dims(np.array(s), batch_ndim)) for n, s in zip(names, stps)}
-                if batched:
-                    callback(logdict._trusted(data, per_name), took)
-                else:
-                    callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
-                return
-            # Under vmap one host call carries the whole batch, delivered as one
-            # event per element: views with the event axis, sliced per element.
-            flat = [jax.tree_util.tree_flatten(v) for v in vals]
-            leaves = [[np.expand_dims(x, batch_ndim) for x in leaves] for leaves, _ in flat]
-            steps_e = [np.expand_dims(s, batch_ndim) for s in stps]
-            names_p = [prefix + k for k in keys]
-            single = [tree.num_leaves == 1 and tree.num_nodes == 1 for _, tree in flat]
-            indices = range(batch_shape[0]) if batch_ndim == 1 else list(np.ndindex(batch_shape))
-            took_flat = took.reshape(-1).tolist()  # Python bools: cheap to test per element
-            for index, taken_here in zip(indices, took_flat):
-                if taken_here:
-                    data = {
-                        name: ls[0][index] if one else jax.tree_util.tree_unflatten(tree, [x[index] for x in ls])
-                        for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat)
-                    }
-                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e)}))
-
+        deliver = self.delivery.event(keys, names)
         context = self._context(keys)
         state.token = host_call(
             deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token()
@@ -336,9 +228,7 @@ class TapHandler(StatefulHandler):
                 "different iterations. Apply `vmap` outside the tap (`jax.vmap(lox.tap(f, callback, "
                 "buffer=K))`), or tap without `buffer`."
             )
-        kind = buffering.kind_of(keys, values, steps)
-        leaves = [x for k in keys for x in jax.tree_util.tree_leaves(values[k])]
-        self.state.buffers.append(kind, leaves, list(steps.values()), active)
+        self.state.buffers.append(values, steps, active)
 
 
 def _both(a, b):
@@ -425,8 +315,9 @@ def tap(
     """
     if batched and callback is None:
         raise TypeError("`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events.")
-    buffer = _check_buffer(buffer, batched)
-    handler = TapHandler(selection(argnames, tags), callback or print_event, prefix, batched=batched, buffer=buffer)
+    options = TapOptions(selection(argnames, tags), callback or print_event, string("`lox.tap` prefix", prefix),
+                         bool(batched), _check_buffer(buffer, batched))
+    handler = TapHandler(options)
 
     def make_impl(get_fun):
         def tapped(token, *args, **kwargs):
@@ -435,9 +326,8 @@ def tap(
 
         return tapped
 
-    config = ("tap", handler.selection, callback, prefix, batched, buffer)
     # The token comes first (`leading=1`).
-    program = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=1)
+    program = jitted(fun, options, make_impl, static_argnums, static_argnames, leading=1)
 
     def call(*args, **kwargs):
         out, token = program((chain_start(),), args, kwargs)
@@ -450,16 +340,13 @@ def tap(
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:
-    if buffer is None:
-        return None
-    if isinstance(buffer, bool) or not isinstance(buffer, (int, np.integer)) or buffer < 1:
-        raise ValueError(f"`lox.tap` buffer must be an integer >= 1 (events per host call), got {buffer!r}.")
-    if batched:
+    buffer = positive_int("`lox.tap` buffer", buffer, "events per host call")
+    if buffer is not None and batched:
         raise TypeError(
             "`lox.tap` takes `buffer` or `batched=True`, not both: a buffer is delivered per vmap element, "
             "as one logdict of several events. Drop one of them."
         )
-    return int(buffer)
+    return buffer
 
 
 def tap_with_context(
@@ -490,11 +377,11 @@ def tap_with_context(
     ``block_callback(batch_ndim, logs, context)`` instead, several at a time:
     `logs` as spooled logs are, with the batch axes in front.
     """
-    buffer = _check_buffer(buffer, batched=False)
-    if buffer is not None and block_callback is None:
+    options = TapOptions(selection(argnames, tags), callback, string("`logger.tap` prefix", prefix),
+                         buffer=_check_buffer(buffer, batched=False), with_context=True, block_callback=block_callback)
+    if options.buffer is not None and block_callback is None:
         raise TypeError("`tap_with_context(..., buffer=K)` needs a `block_callback` for the buffered events.")
-    handler = TapHandler(selection(argnames, tags), callback, prefix, with_context=True, buffer=buffer,
-                         block_callback=block_callback)
+    handler = TapHandler(options)
 
     def make_impl(get_fun):
         def tapped(token, context, *args, **kwargs):
@@ -507,9 +394,8 @@ def tap_with_context(
 
         return tapped
 
-    config = ("tap_with_context", handler.selection, callback, prefix, buffer, block_callback)
     # The token and `context` come first (`leading=2`).
-    program = jitted(fun, config, make_impl, static_argnums, static_argnames, leading=2)
+    program = jitted(fun, options, make_impl, static_argnums, static_argnames, leading=2)
 
     def call(context, *args, **kwargs):
         out, token = program((chain_start(), context), args, kwargs)

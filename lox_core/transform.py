@@ -154,9 +154,12 @@ def shifted(argnums: tuple, leading: int) -> tuple:
     return tuple(i + leading if i >= 0 else i for i in argnums)
 
 
-def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:
-    """The `Program` of ``make_impl(get_fun)``, shared by every call with the same `fun` and `config`.
+def jitted(fun: Callable, options: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:
+    """The `Program` of ``make_impl(get_fun)``, shared by every call with the same `fun` and `options`.
 
+    `options` is the transform's frozen options dataclass (`lox_core.options`),
+    whose `transform` names it in error messages: every field is part of the
+    cache key, so programs compiled for other options are never reused.
     `make_impl` makes ``impl(*leading, *args, **kwargs) -> (result, changes)``
     from a function returning `fun`; `static_argnums` and `static_argnames` are
     `fun`'s. Sharing the program lets a fresh `lox.spool(f)` reuse the compiled
@@ -164,9 +167,8 @@ def jitted(fun: Callable, config: Hashable, make_impl: Callable, static_argnums=
     weakly, so it does not keep functions (and what they close over) alive.
     """
     static = static_arguments(fun, static_argnums, static_argnames)
-    key = (config, static["static_argnums"], static["static_argnames"])
-    name = "logger.tap" if config[0] == "tap_with_context" else f"lox.{config[0]}"
-    make = lambda get_fun: Program(make_impl(get_fun), name, leading, **static)  # noqa: E731
+    key = (options, static["static_argnums"], static["static_argnames"])
+    make = lambda get_fun: Program(make_impl(get_fun), options.transform, leading, **static)  # noqa: E731
     try:
         hash(key)
         # The cache is bound now: at interpreter exit the module's globals may be gone when `fun` is collected.

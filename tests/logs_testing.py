@@ -1,5 +1,6 @@
-"""Helpers shared by the backend tests: small logdicts and an exact comparison."""
+"""Helpers shared by the tests: small logdicts and one comparison of logs."""
 
+import jax
 import numpy as np
 
 import lox
@@ -13,15 +14,48 @@ def event(step, **values):
     )
 
 
-def assert_logs_equal(got, want):
-    """Same keys in the same order, same dtypes, values and steps, exactly."""
-    assert list(got) == list(want)
+def assert_logs_equal(got, want, *, rtol: float = 0.0, ordered: bool = True, dtypes: bool = True):
+    """The same logs: the same keys (in the same order unless `ordered` is
+    false), pytree structures, dtypes (unless `dtypes` is false) and values
+    (exactly, or within `rtol`), and the same step names and step values.
+    `want` may be a plain dict of arrays, then without steps."""
+    assert (list(got) if ordered else sorted(got)) == (list(want) if ordered else sorted(want))
     for key in want:
-        g, w = np.asarray(got[key]), np.asarray(want[key])
-        assert g.dtype == w.dtype, key
-        np.testing.assert_array_equal(g, w, err_msg=key)
-        assert got.step_names(key) == want.step_names(key), key
+        assert jax.tree_util.tree_structure(got[key]) == jax.tree_util.tree_structure(want[key]), key
+        for g, w in zip(jax.tree_util.tree_leaves(got[key]), jax.tree_util.tree_leaves(want[key])):
+            g, w = np.asarray(g), np.asarray(w)
+            if dtypes:
+                assert g.dtype == w.dtype, (key, g.dtype, w.dtype)
+            if rtol:
+                np.testing.assert_allclose(g, w, rtol=rtol, err_msg=key)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=key)
+        if not isinstance(want, lox.logdict):
+            continue
+        names = got.step_names(key), want.step_names(key)
+        assert (names[0] if ordered else sorted(names[0])) == (names[1] if ordered else sorted(names[1])), key
         for name in want.step_names(key):
             g, w = np.asarray(got.steps[name][key]), np.asarray(want.steps[name][key])
-            assert g.dtype == w.dtype, (name, key)
-            np.testing.assert_array_equal(g, w)
+            if dtypes:
+                assert g.dtype == w.dtype, (name, key)
+            np.testing.assert_array_equal(g, w, err_msg=f"{name} of {key}")
+
+
+def logs_of_events(events):
+    """The logs that `events` add up to, built by hand (the reference the
+    transforms are held to): `events` holds ``(values, steps)`` dict pairs in
+    program order; each key's values are stacked, with the steps of each step
+    name any of its events carries (:data:`lox.NO_STEP` for those that lack it)."""
+    values: dict = {}
+    names: dict = {}
+    for vals, steps in events:
+        for key, v in vals.items():
+            values.setdefault(key, []).append((v, steps))
+            names.setdefault(key, {}).update(dict.fromkeys(steps))
+    data = {key: jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[v for v, _ in held])
+            for key, held in values.items()}
+    steps = {}
+    for key, held in values.items():
+        for name in names[key]:
+            steps.setdefault(name, {})[key] = np.array([s.get(name, lox.NO_STEP) for _, s in held])
+    return lox.logdict(data, steps)
