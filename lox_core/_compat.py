@@ -18,6 +18,7 @@ from jax._src import debugging as _debugging
 from jax._src import effects
 from jax._src import linear_util
 from jax._src import source_info_util
+from jax._src.ad_checkpoint import remat_p as _remat_p
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
@@ -166,7 +167,7 @@ while_p = _primitives.while_p
 cond_p = _primitives.cond_p
 jit_p = _primitives.jit_p
 closed_call_p = _primitives.closed_call_p
-remat_p = _primitives.remat_p  # `jax.checkpoint`
+remat_p = _remat_p  # `jax.checkpoint` (in `jax.extend` only from JAX 0.8.2)
 custom_jvp_call_p = _primitives.custom_jvp_call_p
 custom_vjp_call_p = _primitives.custom_vjp_call_p
 shard_map_p = _shard_map_p
@@ -310,6 +311,12 @@ def with_event_axis(aval):
     if sharding is None or getattr(sharding, "spec", None) is None:
         return aval.update(shape=shape)
     return aval.update(shape=shape, sharding=sharding.update(spec=_leading_unsharded(sharding.spec)))
+
+
+def add_event_axis(x):
+    """`x` with a leading event axis of 1 (never sharded): one `reshape`, the
+    cheapest primitive to trace, with its sharding given on explicit mesh axes."""
+    return jax.lax.reshape(x, (1, *x.shape), out_sharding=events_sharding(x))
 
 
 def events_sharding(x, series: bool = False):

@@ -209,20 +209,17 @@ class DeviceBuffer:
     """The buffers of one loop, as the interpreter goes through it: per group
     (`Group`) a dict of arrays (tracers of whichever trace is being built):
     "count" (slots used), "leaves" (per key, per leaf), "steps" (per step
-    name), and "valid" (the mask) where the group stores one; plus `n`, the
-    events appended. Subclasses choose the room (`slots`), the mask and where
-    an event goes (`_position`), and what happens when it is full."""
+    name), and "valid" (the mask) where the group stores one. Subclasses
+    choose the room (`slots`), the mask and where an event goes
+    (`_position`), and what happens when it is full."""
 
-    what = "a lox buffer"  # names the transform in error messages
-
-    def __init__(self, kinds: collections.Counter, slots: list[int], stores_valid: list[bool], mask_shapes: list[tuple]):
-        self.groups = groups_of(list(kinds), self.what)
+    def __init__(self, groups: list[Group], slots: list[int], stores_valid: list[bool], mask_shapes: list[tuple]):
+        self.groups = groups
         self.group_of = {key: i for i, group in enumerate(self.groups) for key in group.keys}
         self.slots, self.stores_valid, self.mask_shapes = slots, stores_valid, mask_shapes
         self.arrays = [self._empty(i) for i in range(len(self.groups))]
-        self.n = jnp.zeros((), jnp.int32)
         self.pending = [0] * len(self.groups)  # appended since the counters last moved
-        self.pending_total = 0
+        self.pending_total = 0  # events (`lox.log` calls) appended since then
 
     def _empty(self, i: int) -> dict:
         group, slots = self.groups[i], self.slots[i]
@@ -275,18 +272,15 @@ class DeviceBuffer:
         for i, p in enumerate(self.pending):
             if p:
                 self.arrays[i] = dict(self.arrays[i], count=self.arrays[i]["count"] + p)
-        if self.pending_total:
-            self.n = self.n + self.pending_total
         self.pending = [0] * len(self.groups)
         self.pending_total = 0
 
     def carry(self):
         self.commit()
-        return tuple(self.arrays), self.n
+        return tuple(self.arrays)
 
     def resume(self, carried) -> None:
-        arrays, self.n = carried
-        self.arrays = list(arrays)
+        self.arrays = list(carried)
         self.pending = [0] * len(self.groups)
         self.pending_total = 0
 
@@ -295,26 +289,14 @@ class DeviceBuffer:
         resumes from the state it is passed: holding no tracer, it can outlive
         the trace it was made in."""
         empty = copy.copy(self)
-        empty.arrays = empty.n = None
+        empty.arrays = None
         empty.pending, empty.pending_total = [0] * len(self.groups), 0
         return empty
 
-    # --- branches ------------------------------------------------------------------
-    def plan_cond(self, selection, branches):
-        """How a cond passes the buffers on: None to pass them through it as
-        they are (counters included), or a plan for `leave_branch` and
-        `exit_cond` that keeps the counters out of it."""
-        return None
-
-    def leave_branch(self, plan):
-        raise NotImplementedError
-
-    def exit_cond(self, plan, carried) -> None:
-        raise NotImplementedError
-
 
 class TapBuffer(DeviceBuffer):
-    """``lox.tap(..., buffer=K)``: sends every `K` events (`send_when`)."""
+    """``lox.tap(..., buffer=K)``: sends every `K` events (`send_when`); `n`
+    counts the events it holds (all groups)."""
 
     what = "`lox.tap(..., buffer=K)`"
 
@@ -322,42 +304,72 @@ class TapBuffer(DeviceBuffer):
         check_one_shape_per_key(kinds, self.what, "one loop", "tap without `buffer`")
         self.size = size
         groups = groups_of(list(kinds), self.what)
+        # The order keys first appear in, `lox.log` call after call: the order of a sent block's keys.
+        self.key_order = list(dict.fromkeys(key for kind in kinds for key in kind.keys))
         room = [size - 1 + sum(n for kind, n in kinds.items() if group.keys[0] in kind.keys) for group in groups]
-        super().__init__(kinds, room, [True] * len(groups), [()] * len(groups))
+        super().__init__(groups, room, [True] * len(groups), [()] * len(groups))
+        self.n = jnp.zeros((), jnp.int32)
+
+    def commit(self) -> None:
+        if self.pending_total:
+            self.n = self.n + self.pending_total
+        super().commit()
+
+    def carry(self):
+        arrays = super().carry()
+        return arrays, self.n
+
+    def resume(self, carried) -> None:
+        arrays, self.n = carried
+        super().resume(arrays)
+
+    def structure(self) -> "TapBuffer":
+        empty = super().structure()
+        empty.n = None
+        return empty
+
+    # --- branches ------------------------------------------------------------------
+    def _slots_of(self, per_kind: collections.Counter) -> list[int]:
+        """Events per kind → slots per group."""
+        slots = [0] * len(self.groups)
+        for kind, n in per_kind.items():
+            for i in {self.group_of[key] for key in kind.keys}:
+                slots[i] += n
+        return slots
 
     def plan_cond(self, selection, branches):
         """The slots each group reserves in a cond, or None when a branch
-        holds a loop that logs (then the buffers go through the cond)."""
+        holds a loop that logs (then the buffers go through the cond, with
+        their counters)."""
         counts = [appends(selection, getattr(b, "jaxpr", b)) for b in branches]
         self.commit()
         if any(c is None for c in counts):
             return None
         kinds = list(dict.fromkeys(k for c in counts for k in c))
-        most_of_kind = {kind: max(c[kind] for c in counts) for kind in kinds}
-        most = [0] * len(self.groups)
-        for kind, n in most_of_kind.items():
-            for i in {self.group_of[key] for key in kind.keys if key in self.group_of}:
-                most[i] += n
-        return most, sum(most_of_kind.values()), [a["count"] for a in self.arrays], self.n
+        most_of_kind = collections.Counter({kind: max(c[kind] for c in counts) for kind in kinds})
+        # What each branch fills is known statically (conds inside it reserve their most).
+        used = [self._slots_of(c) for c in counts]
+        return self._slots_of(most_of_kind), used, sum(most_of_kind.values()), [a["count"] for a in self.arrays], self.n
 
-    def leave_branch(self, plan):
-        """Mark the reserved slots this branch left empty; the arrays it
-        returns (the counters stay out of the cond)."""
-        most = plan[0]
-        for i, (used, reserved) in enumerate(zip(self.pending, most)):
-            if reserved > used:
+    def leave_branch(self, plan, branch: int):
+        """Mark the reserved slots branch number `branch` left empty; the
+        arrays it returns (the counters stay out of the cond)."""
+        most, used, _, counts, _ = plan
+        for i, (filled, reserved) in enumerate(zip(used[branch], most)):
+            if reserved > filled:
                 arrays = self.arrays[i]
-                empty = jnp.zeros((reserved - used,), bool)
-                valid = jax.lax.dynamic_update_slice_in_dim(arrays["valid"], empty, arrays["count"] + used, 0)
+                empty = jnp.zeros((reserved - filled,), bool)
+                valid = jax.lax.dynamic_update_slice_in_dim(arrays["valid"], empty, counts[i] + filled, 0)
                 self.arrays[i] = dict(arrays, valid=valid)
         return tuple({k: v for k, v in a.items() if k != "count"} for a in self.arrays)
 
     def exit_cond(self, plan, carried) -> None:
-        most, events, counts, self.n = plan
+        most, _, events, counts, self.n = plan
         self.arrays = [dict(a, count=c) for a, c in zip(carried, counts)]
         self.pending = list(most)
         self.pending_total = events
 
+    # --- sending ---------------------------------------------------------------------
     def send_when(self, when, token, send):
         """If `when` (always if None), call ``send(token, when, counts,
         arrays)`` (a chained host call returning the next token) and empty the
@@ -399,7 +411,8 @@ class SpoolBuffer(DeviceBuffer):
         groups = groups_of(list(kinds), self.what)
         # A stored mask for the groups logged in a loop with a batched predicate.
         masked = [bool(mask_shape) and bool(masked_keys.intersection(g.keys)) for g in groups]
-        super().__init__(kinds, [capacity + 1] * len(groups), masked, [mask_shape if m else () for m in masked])
+        # Its counters go through conds with the branch that ran (the default): a branch that logs nothing takes no slot.
+        super().__init__(groups, [capacity + 1] * len(groups), masked, [mask_shape if m else () for m in masked])
         for i, m in enumerate(masked):
             if m:
                 self.arrays[i]["dropped"] = jnp.zeros(mask_shape, jnp.int32)

@@ -42,10 +42,6 @@ def _one_event(x):
     return x[None]
 
 
-def _one_event(x):
-    return x[None]
-
-
 class Delivery:
     """Where one tap's events go: ``callback(event)`` (``callback(event,
     took)`` when `batched`), or with a context (`with_context`)
@@ -155,15 +151,16 @@ class Delivery:
 
         return deliver
 
-    def buffers(self, groups: list) -> Callable:
+    def buffers(self, groups: list, key_order: list[str]) -> Callable:
         """``deliver(batch_ndim, when, counts, arrays, context)`` for the
-        buffers of `groups` (`lox_core.buffer.Group`), sent where `when`."""
+        buffers of `groups` (`lox_core.buffer.Group`), sent where `when`,
+        with the keys in `key_order`."""
         callback, block_callback, prefix, lock = self.callback, self.block_callback, self.prefix, self.lock
 
         def deliver(batch_ndim, when, counts, arrays, context):
             contexts = None if block_callback is None else elements(batch_ndim, np.shape(when), context)
             with lock:
-                for e, block in blocks(groups, prefix, batch_ndim, when, counts, arrays):
+                for e, block in blocks(groups, key_order, prefix, batch_ndim, when, counts, arrays):
                     if block_callback is None:
                         callback(block)
                     else:  # one element's events, routed with its context
@@ -180,11 +177,13 @@ def elements(batch_ndim: int, shape: tuple, tree) -> list:
             for index in np.ndindex(batch_shape)]
 
 
-def blocks(groups: list, prefix: str, batch_ndim: int, when, counts, arrays) -> Iterator[tuple[int, logdict]]:
+def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, when, counts, arrays
+           ) -> Iterator[tuple[int, logdict]]:
     """The events a sent buffer holds (`lox_core.buffer.TapBuffer`: per
     group, its count and arrays), one logdict per `vmap` element (one in all
     outside vmap) with the element's flat index, each key's events in program
-    order."""
+    order and the keys in `key_order`."""
+    rank = {prefix + key: i for i, key in enumerate(key_order)}
     when = np.asarray(when)
     batch_shape = when.shape[:batch_ndim]
     elements = int(np.prod(batch_shape))
@@ -212,5 +211,9 @@ def blocks(groups: list, prefix: str, batch_ndim: int, when, counts, arrays) -> 
                 if not (s == NO_STEP).all():  # a step name none of these events carries is left out
                     per_name[name] = dict.fromkeys(data, s)
             parts.append(logdict._trusted(data, per_name))
-        if parts:
-            yield e, parts[0] if len(parts) == 1 else concat(parts)
+        if len(parts) == 1:
+            yield e, parts[0]
+        elif parts:  # keys of one group are in order already; across groups, as `key_order` says
+            merged = concat(parts)
+            ordered = sorted(merged, key=rank.__getitem__)
+            yield e, merged._select(ordered, dict(zip(ordered, ordered)))

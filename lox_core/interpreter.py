@@ -152,8 +152,8 @@ class Handler:
         """Before a cond; returns a plan for `leave_branch` and `exit_cond`."""
         return None
 
-    def leave_branch(self, plan):
-        """At the end of a branch: the state the branch returns."""
+    def leave_branch(self, plan, branch: int):
+        """At the end of branch number `branch`: the state it returns."""
         return self.carry()
 
     def exit_cond(self, plan, carried) -> None:
@@ -176,18 +176,15 @@ def continuing(handler: Handler, like, state):
         yield
 
 
-def threaded(handler: Handler, closed, active, record: list | None = None) -> Callable:
+def threaded(handler: Handler, closed, active) -> Callable:
     """A sub-jaxpr as ``f(state, *args) -> (outs, logs, state)``, interpreted
     with the handler going on from `state`: what every higher-order rule
-    calls. The logs of its last trace land in `record` if given (abstract
-    values, to describe them in error messages)."""
+    calls."""
     like = handler.snapshot()
 
     def fun(state, *args):
         with continuing(handler, like, state):
             outs, logs = interpret(handler, closed.jaxpr, closed.consts, args, active)
-            if record is not None:
-                record[:] = [jax.tree_util.tree_map(jax.typeof, logs)]
             return outs, logs, handler.carry()
 
     return fun
@@ -222,7 +219,7 @@ _expansions: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("lox_
 
 def single_event(x):
     """`x` with a leading event axis of 1, remembered by an enclosing scan rule."""
-    expanded = jax.lax.expand_dims(x, (0,))
+    expanded = _compat.add_event_axis(x)
     seen = _expansions.get()
     if seen is not None and seen[0] is _compat.current_trace():
         seen[1][id(expanded)] = (expanded, x)
@@ -574,7 +571,7 @@ def cond_rule(handler, eqn, invals, active):
                 outs, logs = interpret(handler, closed.jaxpr, closed.consts, ops, guard)
                 records[i][:] = [jax.tree_util.tree_map(jax.typeof, logs)]
                 logs = canonical(logs) if layout is None else layout.pad(canonical(logs))
-                return outs, logs, handler.leave_branch(plan)
+                return outs, logs, handler.leave_branch(plan, i)
 
         return fun
 

@@ -420,7 +420,8 @@ def concat(parts: Iterable[logdict]) -> logdict:
         for name, per_key in p._steps.items():
             order[name] = None
             for key in per_key:
-                names.setdefault(key, {})[name] = None
+                if key in p:  # a step of a key the part does not hold is ignored
+                    names.setdefault(key, {})[name] = None
     data: dict = {}
     steps: dict[str, dict] = {}
     valid, totals = {}, {}

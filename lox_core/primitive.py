@@ -112,7 +112,7 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
 
 
 def _add_event_axis(x):
-    return jax.lax.expand_dims(x, (0,))  # one primitive, not a traced jnp function
+    return _compat.add_event_axis(x)  # one primitive, not a traced jnp function
 
 
 def event_logdict(values: dict, steps: dict, expand=_add_event_axis) -> logdict:

@@ -45,14 +45,9 @@ class TapHandler(Handler):
     def __init__(self, options: TapOptions):
         super().__init__()
         self.selection = options.selection
-        self.callback = options.callback
-        # With a context, buffered events go to ``block_callback(batch_ndim, logs, context)``.
-        self.block_callback = options.block_callback
         self.prefix = options.prefix
         self.with_context = options.with_context
-        self.batched = options.batched
         self.buffer = options.buffer
-        self.name = options.transform
         self.delivery = Delivery(options.callback, options.prefix, options.batched, options.with_context,
                                  options.block_callback)
 
@@ -149,10 +144,10 @@ class TapHandler(Handler):
         buffers = self.state.buffers
         return None if buffers is None else buffers.plan_cond(self.selection, branches)
 
-    def leave_branch(self, plan):
+    def leave_branch(self, plan, branch: int):
         if plan is None:
             return self.carry()
-        return self._token(), self.state.buffers.leave_branch(plan)
+        return self._token(), self.state.buffers.leave_branch(plan, branch)
 
     def exit_cond(self, plan, carried) -> None:
         if plan is None:
@@ -164,7 +159,7 @@ class TapHandler(Handler):
     def _send_when(self, when) -> None:
         state = self.state
         buffers = state.buffers
-        deliver, context = self.delivery.buffers(buffers.groups), self._context(buffers.groups[0].keys)
+        deliver, context = self.delivery.buffers(buffers.groups, buffers.key_order), self._context(buffers.key_order)
 
         def send(token, when, counts, arrays):
             return host_call(deliver, when, counts, arrays, context, token=token)

@@ -111,3 +111,11 @@ def test_repr_shows_keys_shapes_and_step_names():
 
 def test_concat_of_nothing_is_empty():
     assert concat([]) == {}
+
+
+def test_concat_ignores_a_step_of_a_key_the_part_does_not_hold():
+    stray = lox.logdict({"a": np.array([1.0])}, steps={"step": {"a": np.array([0]), "gone": np.array([5])}})
+    other = lox.logdict({"a": np.array([2.0])}, steps={"step": {"a": np.array([1])}})
+    for logs in (lox.logdict() + stray, stray + other):
+        assert list(logs) == ["a"] and "gone" not in logs.steps["step"]
+    np.testing.assert_array_equal((stray + other).step["a"], [0, 1])

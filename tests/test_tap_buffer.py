@@ -413,3 +413,46 @@ def test_logger_tap_with_a_buffer_writes_each_seed_s_while_loop_once(tmp_path):
         e = int(logs["who"][0])
         np.testing.assert_array_equal(logs["s"], np.cumsum(np.arange(ns[e])))
         np.testing.assert_array_equal(logs.step["s"], np.arange(ns[e]))
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_conds_nested_in_a_branch_and_checkpoints_in_a_branch_lose_no_event(size):
+    # A branch whose inner cond or checkpoint moves the counters must still
+    # mark only the slots it left empty.
+    def f(n):
+        def body(i):
+            def branch():
+                lox.log({"a": i})
+                jax.lax.cond(i % 4 == 0, lambda: (lox.log({"b": i + 100}), None)[1], lambda: None)
+                jax.checkpoint(lambda x: (lox.log({"r": x + 200}), x)[1])(i)
+
+            jax.lax.cond(i % 2 == 0, branch, lambda: None)
+            return i + 1
+
+        return jax.lax.while_loop(lambda i: i < n, body, 0)
+
+    events = []
+    for i in range(7):
+        if i % 2 == 0:
+            events.append(({"a": i}, {}))
+            if i % 4 == 0:
+                events.append(({"b": i + 100}, {}))
+            events.append(({"r": i + 200}, {}))
+    blocks = []
+    lox.tap(f, blocks.append, buffer=size)(7)
+    assert_logs_equal(concat(blocks), logs_of_events(events), dtypes=False)
+
+
+def test_a_block_keeps_the_keys_in_the_order_they_are_logged():
+    def f(n):
+        def body(i):
+            lox.log({"a": i, "b": i * 10, "c": i * 100})
+            lox.log({"b": -i})
+            return i + 1
+
+        return jax.lax.while_loop(lambda i: i < n, body, 0)
+
+    blocks = []
+    lox.tap(f, blocks.append, buffer=3)(4)
+    assert [list(b) for b in blocks] == [["a", "b", "c"]] * 2
+    np.testing.assert_array_equal(concat(blocks)["b"], [0, 0, 10, -1, 20, -2, 30, -3])
