@@ -108,7 +108,7 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
     outs = log_p.bind(*flat, *step_values, **site._asdict())
     # The outputs already carry the event axis.
     values, step_events = site.split(outs)
-    return logdict(values, {name: dict.fromkeys(values, s) for name, s in step_events.items()})
+    return logdict._trusted(values, {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {})
 
 
 def _add_event_axis(x):
@@ -119,8 +119,8 @@ def event_logdict(values: dict, steps: dict, expand=_add_event_axis) -> logdict:
     """One event as a logdict: every array gets a leading event axis of 1."""
     data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
     # The keys of one event share one step array (one output, not one per key).
-    per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()}
-    return logdict(data, per_name)
+    per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()} if values else {}
+    return logdict._trusted(data, per_name)
 
 
 def _check_tags(tags) -> tuple[str, ...]:
