@@ -199,7 +199,7 @@ class TapHandler(Handler):
         if state.collecting:
             return event_logdict(values, steps, expand=single_event)
         if state.buffers is not None:
-            self._buffer(site, keys, values, steps, active)
+            self._buffer(keys, values, steps, active)
             return None
         deliver = self.delivery.event(keys, names)
         context = self._context(keys)
@@ -208,7 +208,7 @@ class TapHandler(Handler):
         )
         return None
 
-    def _buffer(self, site, keys, values, steps, active) -> None:
+    def _buffer(self, keys, values, steps, active) -> None:
         where = ", ".join(map(repr, keys))
         if in_while_predicate():
             raise NotImplementedError(
