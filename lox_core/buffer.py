@@ -147,10 +147,11 @@ def conds_log_alike(selection, jaxpr) -> bool:
 
 def check_one_shape_per_key(
     kinds, what: str = "`lox.tap(..., buffer=K)`", where: str = "one loop", otherwise: str = "tap without `buffer`"
-) -> None:
+) -> dict[str, tuple]:
     """A buffer holds each key's events in one array, so each key must keep
     one structure, shape and dtype in the buffered loop (the error says what
-    the user can do `otherwise`)."""
+    the user can do `otherwise`). Returns each key's pytree structure and
+    leaves' (shape, dtype, sharding), in the order keys first appear."""
     seen: dict[str, tuple] = {}
     for kind in kinds:
         leaves = iter(kind.leaves)
@@ -164,6 +165,7 @@ def check_one_shape_per_key(
                     f"in {where}. A buffer holds each key's events in one array, so a key must keep one "
                     f"shape and dtype there: log the other values under another key, or {otherwise}."
                 )
+    return seen
 
 
 class Group(NamedTuple):
@@ -176,15 +178,13 @@ class Group(NamedTuple):
     steps: dict  # step name -> (shape, dtype)
 
 
-def groups_of(kinds: list[Kind], what: str) -> list[Group]:
+def groups_of(kinds: list[Kind], what: str, where: str, otherwise: str) -> list[Group]:
     """The keys of `kinds` grouped by the kinds that log them (each key in one
-    group), with their layouts and the steps any of those kinds carries."""
+    group), with their layouts (one per key: `check_one_shape_per_key`, whose
+    error takes `what`, `where` and `otherwise`) and the steps any of those
+    kinds carries."""
     by_kinds: dict[frozenset, list[str]] = {}
-    layout: dict[str, tuple] = {}
-    for kind in kinds:
-        leaves = iter(kind.leaves)
-        for key, tree in zip(kind.keys, kind.trees):
-            layout[key] = (tree, tuple(next(leaves) for _ in range(tree.num_leaves)))
+    layout = check_one_shape_per_key(kinds, what, where, otherwise)
     for key in layout:
         owners = frozenset(i for i, kind in enumerate(kinds) if key in kind.keys)
         by_kinds.setdefault(owners, []).append(key)
@@ -301,9 +301,8 @@ class TapBuffer(DeviceBuffer):
     what = "`lox.tap(..., buffer=K)`"
 
     def __init__(self, kinds: collections.Counter, size: int):
-        check_one_shape_per_key(kinds, self.what, "one loop", "tap without `buffer`")
         self.size = size
-        groups = groups_of(list(kinds), self.what)
+        groups = groups_of(list(kinds), self.what, "one loop", "tap without `buffer`")
         # The order keys first appear in, `lox.log` call after call: the order of a sent block's keys.
         self.key_order = list(dict.fromkeys(key for kind in kinds for key in kind.keys))
         room = [size - 1 + sum(n for kind, n in kinds.items() if group.keys[0] in kind.keys) for group in groups]
@@ -406,9 +405,8 @@ class SpoolBuffer(DeviceBuffer):
     what = "`lox.spool(..., max_events=N)`"
 
     def __init__(self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...], masked_keys=frozenset()):
-        check_one_shape_per_key(kinds, self.what, "a bounded loop", "spool the loop as a `scan`")
         self.capacity = capacity
-        groups = groups_of(list(kinds), self.what)
+        groups = groups_of(list(kinds), self.what, "a bounded loop", "spool the loop as a `scan`")
         # A stored mask for the groups logged in a loop with a batched predicate.
         masked = [bool(mask_shape) and bool(masked_keys.intersection(g.keys)) for g in groups]
         # Its counters go through conds with the branch that ran (the default): a branch that logs nothing takes no slot.

@@ -333,7 +333,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             rule = rules.get(eqn.primitive)
             if rule is None:
                 raise NotImplementedError(
-                    f"`{eqn.primitive.name}` contains lox.log calls ({_keys_text(_selected_sites(handler, eqn))}) "
+                    f"`{eqn.primitive.name}` contains lox.log calls ({selected_keys(handler, eqn)}) "
                     f"and lox does not know how to collect logs through it. Move the logs out of the "
                     f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox issue tracker."
                 )

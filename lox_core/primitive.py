@@ -111,11 +111,7 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
     return logdict._trusted(values, {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {})
 
 
-def _add_event_axis(x):
-    return _compat.add_event_axis(x)  # one primitive, not a traced jnp function
-
-
-def event_logdict(values: dict, steps: dict, expand=_add_event_axis) -> logdict:
+def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
     """One event as a logdict: every array gets a leading event axis of 1."""
     data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
     # The keys of one event share one step array (one output, not one per key).
@@ -198,7 +194,7 @@ def _abstract_eval(*avals, **params):
 
 def event_outputs(operands) -> list:
     """The primitive's outputs: every operand with a leading event axis of 1."""
-    return [_add_event_axis(x) for x in operands]
+    return [_compat.add_event_axis(x) for x in operands]
 
 
 @log_p.def_impl
@@ -225,7 +221,7 @@ mlir.register_lowering(log_p, mlir.lower_fun(_lowering, multiple_results=True))
 def _jvp(primals, tangents, **params):
     # The event is logged with primal values; the returned event's tangent is
     # the tangent with an event axis (computed without logging it again).
-    tangents = [_add_event_axis(ad.instantiate_zeros(t)) for t in tangents]
+    tangents = [_compat.add_event_axis(ad.instantiate_zeros(t)) for t in tangents]
     return log_p.bind(*primals, **params), tangents
 
 

@@ -90,13 +90,14 @@ class TapHandler(Handler):
         kinds = buffering.kinds_in(self.selection, loop.body)
         if not kinds:
             return None
-        buffering.check_one_shape_per_key(kinds)
         # A scan that logs the same events in every iteration (its conds log
         # alike in each branch, no while loop inside logs) keeps them as the
         # outputs of chunks of about `buffer` events, each sent when it ends:
-        # what `lox.spool` costs, plus a host call per chunk.
+        # what `lox.spool` costs, plus a host call per chunk. Either way a key
+        # keeps one shape (`TapBuffer` checks it for its own loops).
         if (loop.length is not None and buffering.appends(self.selection, loop.body, scans=True)
                 and buffering.conds_log_alike(self.selection, loop.body)):
+            buffering.check_one_shape_per_key(kinds)
             state.collecting = True
             return "collect"
         state.buffers = buffering.TapBuffer(kinds, self.buffer)

@@ -127,14 +127,11 @@ class Program:
         self._jitted = jax.jit(flat, static_argnums=0)
         self._direct = jax.jit(direct, static_argnums=shifted(static_argnums, leading), static_argnames=static_argnames)
 
-    def split(self, args: tuple, kwargs: dict):
-        return arguments.split(self.name, args, kwargs, self.static_argnums, self.static_argnames)
-
     def __call__(self, leading: tuple, args: tuple, kwargs: dict):
         if arguments.plain(args, kwargs):
             result = self._direct(*leading, *args, **kwargs)
         else:
-            signature, dynamic = self.split(args, kwargs)
+            signature, dynamic = arguments.split(self.name, args, kwargs, self.static_argnums, self.static_argnames)
             result, changes = self._jitted(signature, *leading, *dynamic)
             if changes is not None:
                 changes.apply(args, kwargs)
