@@ -63,9 +63,13 @@ def rnn(hidden: int):
                 h, buf, count = carry
                 i, x = ix
                 h = jnp.tanh(w @ h + x)
-                buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (jnp.mean(h**2), h[:64], i)))
+                buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0)
+                            for b, v in zip(buf, (jnp.mean(h**2), h[:64], i), strict=True))
                 count = count + 1
-                count = jax.lax.cond(count == size, lambda: (jax.debug.callback(callback, *buf, count, ordered=True), 0)[1], lambda: count)
+                count = jax.lax.cond(
+                    count == size, lambda: (jax.debug.callback(callback, *buf, count, ordered=True), 0)[1],
+                    lambda: count,
+                )
                 return (h, buf, count), None
 
             empty = (jnp.zeros(size), jnp.zeros((size, 64)), jnp.zeros(size, jnp.int32))
@@ -106,7 +110,8 @@ def scan_buffered_by_hand(callback, size):
             (state, buf, count) = carry
             i, x = ix
             state, loss = _step(state, x)
-            buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0) for b, v in zip(buf, (loss, state[1], i)))
+            buf = tuple(jax.lax.dynamic_update_index_in_dim(b, v, count, 0)
+                        for b, v in zip(buf, (loss, state[1], i), strict=True))
             count = count + 1
             count = jax.lax.cond(count == size, lambda: (send(buf, count), 0)[1], lambda: count)
             return (state, buf, count), None
@@ -146,7 +151,8 @@ def while_by_hand(step, capacity):
             state, i, buffers = carry
             state, loss = step(state, xs[i])
             at = jnp.minimum(i, capacity)
-            buffers = tuple(jax.lax.dynamic_update_index_in_dim(b, v, at, 0) for b, v in zip(buffers, (loss, state[1][:64], i)))
+            buffers = tuple(jax.lax.dynamic_update_index_in_dim(b, v, at, 0)
+                            for b, v in zip(buffers, (loss, state[1][:64], i), strict=True))
             return state, i + 1, buffers
 
         empty = (jnp.zeros(capacity + 1), jnp.zeros((capacity + 1, 64)), jnp.zeros(capacity + 1, jnp.int32))

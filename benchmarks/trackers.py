@@ -65,7 +65,7 @@ def mlflow(rounds: int = 5, steps: int = 4000) -> None:
             def by_hand():
                 run_id = client.create_run(experiment, run_name="hand").info.run_id
                 now = int(time.time() * 1000)
-                metrics = [Metric(k, float(v), now, int(s)) for k in KEYS for v, s in zip(values[k], step)]
+                metrics = [Metric(k, float(v), now, int(s)) for k in KEYS for v, s in zip(values[k], step, strict=True)]
                 for start in range(0, len(metrics), 1000):
                     client.log_batch(run_id, metrics=metrics[start : start + 1000])
                 client.set_terminated(run_id)
@@ -93,7 +93,7 @@ def wandb(rounds: int = 7, steps: int = 10_000) -> None:
             run = wb.init(project="bench", mode="offline", reinit="create_new")
             columns = [values[k].tolist() for k in KEYS]
             for i, s in enumerate(step.tolist()):
-                run.log({k: column[i] for k, column in zip(KEYS, columns)}, step=s)
+                run.log({k: column[i] for k, column in zip(KEYS, columns, strict=True)}, step=s)
             run.finish()
 
         spec = f"wandb?project=bench&mode=offline&local={folder}/lox"

@@ -55,7 +55,7 @@ def main():
     logs = [logger.backends[0].logs(run.run_id) for run in runs]
     print(f"{len(runs)} runs, Q tables {q.shape}; per run {logs[0]}")
     print("run       first shortest episode   mean length, last 20")
-    for run, log in list(zip(runs, logs))[:4]:
+    for run, log in list(zip(runs, logs, strict=True))[:4]:
         first = int(np.argmax(log["length"] == STATES - 1))
         print(f"{run.name:9} {int(log.episode['length'][first]):22d} {log['length'][-20:].mean():22.2f}")
     lengths = np.stack([log["length"][-20:].mean() for log in logs])

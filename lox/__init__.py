@@ -6,6 +6,8 @@ outputs of one compiled program, `lox.tap` streams them to a callback, and
 Parquet files, plugins) and `lox.load` reads saved runs back.
 """
 
+from lox import loggers as loggers
+from lox_backends.store import load as load
 from lox_core.console import set_default as set_default
 from lox_core.logdict import NO_STEP as NO_STEP
 from lox_core.logdict import logdict as logdict
@@ -14,10 +16,7 @@ from lox_core.primitive import log as log
 from lox_core.spool import spool as spool
 from lox_core.tap import tap as tap
 
-from lox import loggers as loggers
-from lox_backends.parquet import load as load
-
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 __all__ = ["log", "spool", "tap", "nolog", "logdict", "set_default", "NO_STEP", "loggers", "load"]

@@ -11,6 +11,8 @@ backend has a Logger named after it: ``lox.loggers.ParquetLogger("runs")``,
 plugin offering ``jsonl`` is installed.
 """
 
+from typing import Any, Callable
+
 from lox_backends.logger import DEFAULT_CONFIG as DEFAULT_CONFIG
 from lox_backends.logger import BackendError as BackendError
 from lox_backends.logger import ConsoleLogger as ConsoleLogger
@@ -20,18 +22,17 @@ from lox_backends.logger import MultiLogger as MultiLogger
 from lox_backends.logger import SaveLogger as SaveLogger
 from lox_backends.logger import backend_logger as backend_logger
 from lox_backends.logger import from_config as from_config
+from lox_backends.registry import registry
 
 
-def __getattr__(attribute: str):
+def __getattr__(attribute: str) -> Callable[..., Logger]:
     # `FooBarLogger` → a Logger for the backend named "foo-bar" or "foo_bar" or "foobar".
     if attribute.endswith("Logger") and attribute[:1].isupper():
-        from lox_backends.registry import registry
-
         wanted = attribute[: -len("Logger")].lower()
         for name in registry.offers():
             if name.replace("-", "").replace("_", "").lower() == wanted:
 
-                def make(target=None, *, name_=name, **options):
+                def make(target: str | None = None, *, name_: str = name, **options: Any) -> Logger:
                     return backend_logger(name_, target, **options)
 
                 make.__name__ = make.__qualname__ = attribute

@@ -11,6 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lox_backends.config import mask_secrets
+from lox_backends.demo import run_demo
+from lox_backends.plot import plot_runs
+from lox_backends.registry import registry
+from lox_backends.tracker import SyncError, sync
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lox", description="lox: accelerated logging for JAX.")
@@ -35,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         help="send saved runs (a tracker's local log, or any parquet folder) to a tracker, skipping what it has",
     )
     sync.add_argument("path", help="a folder of runs (e.g. lox-runs), or one run's folder")
-    sync.add_argument("--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'")
+    sync.add_argument(
+        "--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'"
+    )
 
     args = parser.parse_args(argv)
     try:
@@ -48,19 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> None:
     if args.command == "demo":
-        from lox_backends.demo import run_demo
-
         run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
     elif args.command == "plot":
-        from lox_backends.plot import plot_runs
-
         print(plot_runs(args.path, key=args.key, output=args.output, step=args.step))
     elif args.command == "backends":
         print(backends_table())
     elif args.command == "sync":
-        from lox_backends.config import mask_secrets
-        from lox_backends.tracker import SyncError, sync
-
         try:
             done, error = sync(args.path, args.to), None
         except SyncError as failure:
@@ -78,8 +79,6 @@ def _run(args) -> None:
 
 def backends_table() -> str:
     """Every installed backend: name, package, whether its extra is installed."""
-    from lox_backends.registry import registry
-
     rows = [("backend", "package", "installed", "description")]
     for name, offers in registry.offers().items():
         for offer in offers:

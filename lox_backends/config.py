@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import urllib.parse
+from typing import NoReturn
 
 BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -116,6 +117,6 @@ def _parse_spec(text: str, spec: str, start: int) -> BackendConfig:
     return BackendConfig(name, target, options)
 
 
-def _fail(text: str, position: int, reason: str):
+def _fail(text: str, position: int, reason: str) -> NoReturn:
     shown = mask_secrets(text)
     raise ConfigError(f"invalid lox config: {reason}, at character {position + 1}:\n    {shown}\n    {' ' * position}^")

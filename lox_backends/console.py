@@ -11,13 +11,10 @@ from __future__ import annotations
 import sys
 import time
 
-import jax
 import numpy as np
 
 from lox_backends import hooks
-from lox_core import console
-from lox_core.logdict import ARROW_COLUMNS as _DATA_COLUMNS
-from lox_core.logdict import event_count
+from lox_core import console, schema
 
 
 class ConsoleBackend(hooks.Backend):
@@ -42,36 +39,21 @@ class ConsoleBackend(hooks.Backend):
         self._names[run.run_id] = run.name
         self._latest[run.run_id] = {}
 
-    def write_batch(self, run, table):
-        import pyarrow.compute as pc
-
+    def write(self, run, table):
         latest = self._latest.setdefault(run.run_id, {})
         if table.num_rows == 0:
             return
         keys = table.column("key").to_numpy(zero_copy_only=False)
         values = table.column("value").to_numpy(zero_copy_only=False)
-        is_scalar = pc.is_valid(table.column("value")).to_numpy(zero_copy_only=False)
-        step_columns = [n for n in table.column_names if n not in _DATA_COLUMNS]
+        is_scalar = table.column("value").is_valid().to_numpy(zero_copy_only=False)
+        step_columns = schema.step_names(table)
         # The last row of each key (rows arrive ordered by step).
         _, last_reversed = np.unique(keys[::-1], return_index=True)
         for i in sorted(len(keys) - 1 - last_reversed):
             steps = {n: table.column(n)[i].as_py() for n in step_columns}
-            latest[str(keys[i])] = (values[i] if is_scalar[i] else "[array]", {n: v for n, v in steps.items() if v is not None})
+            shown = values[i] if is_scalar[i] else "[array]"
+            latest[str(keys[i])] = (shown, {n: v for n, v in steps.items() if v is not None})
         self._show(run)
-
-    def write_event(self, run, event):
-        latest = self._latest.setdefault(run.run_id, {})
-        for key, value in event.items():
-            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(value)]
-            shown = leaves[0][0] if len(leaves) == 1 and leaves[0].ndim == 1 else "[array]"
-            latest[key] = (shown, {n: int(np.asarray(per_key[key])[0]) for n, per_key in event.steps.items() if key in per_key})
-        self._show(run)
-
-    def write_events(self, run, events):
-        # Only the latest values are shown: the last event of the block.
-        n = max(map(event_count, events.values()), default=0)
-        if n:
-            self.write_event(run, events.slice[n - 1 :])
 
     def close_run(self, run):
         if self._unshown.get(run.run_id):
@@ -96,7 +78,8 @@ class ConsoleBackend(hooks.Backend):
         if self.live_table:
             self._refresh_live()
         else:
-            print(f"[{self._names.get(run.run_id, run.name)}] {plain_line(self._latest.get(run.run_id, {}))}", file=self.stream, flush=True)
+            line = plain_line(self._latest.get(run.run_id, {}))
+            print(f"[{self._names.get(run.run_id, run.name)}] {line}", file=self.stream, flush=True)
 
     def _refresh_live(self):
         from rich.live import Live
@@ -105,7 +88,9 @@ class ConsoleBackend(hooks.Backend):
 
         table = Table(title="lox")
         keys = list(dict.fromkeys(k for latest in self._latest.values() for k in latest))
-        step_names = list(dict.fromkeys(n for latest in self._latest.values() for _, steps in latest.values() for n in steps))
+        step_names = list(
+            dict.fromkeys(n for latest in self._latest.values() for _, steps in latest.values() for n in steps)
+        )
         for column in ["run", *step_names, *keys]:
             table.add_column(column)
         for run_id, latest in self._latest.items():

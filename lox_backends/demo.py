@@ -17,7 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import lox
+from lox_backends.logger import from_config
+from lox_backends.plot import plot_runs
+from lox_backends.store import load
+from lox_core.primitive import log
 
 HIDDEN = 32
 BATCH = 32
@@ -58,23 +61,26 @@ def epoch(params, key, epoch_index, steps, data, validation):
         batch = jax.random.choice(k, x.shape[0], (BATCH,), replace=False)
         loss, grads = jax.value_and_grad(mse)(params, x[batch], y[batch])
         grad_norm = jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree_util.tree_leaves(grads)))
-        lox.log({"loss": loss, "grad_norm": grad_norm}, step=epoch_index * steps + i)
+        log({"loss": loss, "grad_norm": grad_norm}, step=epoch_index * steps + i)
         params = jax.tree_util.tree_map(lambda p, g: p - LEARNING_RATE * g, params, grads)
         return params, None
 
     params, _ = jax.lax.scan(sgd_step, params, (jnp.arange(steps), jax.random.split(key, steps)))
-    lox.log({"val_loss": mse(params, *validation)}, step=(epoch_index + 1) * steps, tags=["progress"])
+    log({"val_loss": mse(params, *validation)}, step=(epoch_index + 1) * steps, tags=["progress"])
     return params
 
 
 def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, steps: int = 100) -> str:
     """Train `seeds` models for `epochs` epochs, log to ``console,parquet:DIR``,
     plot the loss curves; returns the path of the plot."""
-    logger = lox.loggers.from_config(f"console,parquet:{directory}", name="demo")
+    logger = from_config(f"console,parquet:{directory}", name="demo")
     data = dataset(jax.random.key(1234))
     validation = dataset(jax.random.key(4321), n=256)
     keys = jax.random.split(jax.random.key(0), seeds)
-    states = jax.vmap(lambda k: logger.init(k, name="demo", lr=LEARNING_RATE, hidden=HIDDEN, steps_per_epoch=steps))(keys)
+    def init(key):
+        return logger.init(key, name="demo", lr=LEARNING_RATE, hidden=HIDDEN, steps_per_epoch=steps)
+
+    states = jax.vmap(init)(keys)
     params = jax.vmap(init_params)(keys)
 
     train_epoch = functools.partial(epoch, steps=steps, data=data, validation=validation)
@@ -85,18 +91,17 @@ def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, step
 
     train = jax.jit(jax.vmap(one_epoch, in_axes=(0, 0, 0, None)))
     for e in range(epochs):
-        params = train(states, params, jax.vmap(lambda k: jax.random.fold_in(k, e))(keys), e)
+        params = train(states, params, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, e), e)
     logger.finish(states)
     logger.close()
 
     ours = {run.run_id for run in logger.runs()}
-    saved = {run_id: lox.load(os.path.join(directory, run_id)) for run_id in ours}  # not older runs in DIR
+    saved = {run_id: load(os.path.join(directory, run_id)) for run_id in ours}  # not older runs in DIR
     print(f"\nlox demo: {len(ours)} runs ({seeds} seeds) saved under {os.path.abspath(directory)}")
     for run in logger.runs():
         logs = saved[run.run_id]
         print(f"  {run.name}: {logs['loss'].shape[0]} steps, final loss {float(np.asarray(logs['loss'])[-1]):.4f}, "
               f"final val_loss {float(np.asarray(logs['val_loss'])[-1]):.4f}  ({os.path.join(directory, run.run_id)})")
-    from lox_backends.plot import plot_runs
 
     png = plot_runs(directory, key="loss", output=os.path.join(directory, "loss.png"), run_ids=ours)
     print(f"  loss curves: {png}  (again with: lox plot {directory} --key loss -o loss.png)")

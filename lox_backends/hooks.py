@@ -8,7 +8,7 @@ lox's own backends are plugins declared the same way in its ``pyproject.toml``.
     import lox_backends.hooks as hooks
 
     class Backend(hooks.Backend):
-        def write_batch(self, run, table):
+        def write(self, run, table):
             print(run.name, table.num_rows)
 
     @hooks.hookimpl
@@ -23,14 +23,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any, Callable
+import warnings
+from typing import Any, Callable
 
 import pluggy
-
-if TYPE_CHECKING:  # pyarrow is imported only where tables are built
-    import pyarrow as pa
-
-    from lox_core.logdict import logdict
+import pyarrow as pa
 
 PROJECT = "lox"  # the pluggy project name and the entry-point group
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -57,11 +54,11 @@ class RunInfo:
 class Backend:
     """Where a Logger's data goes. Subclass it and override what you need.
 
-    One instance serves one Logger and all of its runs. lox calls it from one
-    background thread, never concurrently, in this order per run: `open_run`,
-    any number of `write_batch` / `write_event`, `flush` (also in between),
-    `close_run`; `close` once at the end. Tables handed to `write_batch` hold
-    one run, with rows ordered by step (see ``plugins.md`` for their schema).
+    One instance serves one Logger and all of its runs. lox calls it from a
+    background thread of its own (one per backend), never concurrently, in this
+    order per run: `open_run`, any number of `write`, `flush` (also in between),
+    `close_run`; `close` once at the end. `write` receives Arrow tables of one
+    run, rows ordered by step (``plugins.md`` documents their schema).
 
     `target` is the part of the config string after ``name:`` (a folder, a
     URI), or None; `options` the ``?key=value`` pairs, as strings.
@@ -70,6 +67,10 @@ class Backend:
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         self.target = target
         self.options = dict(options or {})
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _adapt_old_methods(cls)
 
     def check_options(self, backend: str, known: dict[str, str], example: str) -> None:
         """Refuse options this backend does not have: `known` maps each option to
@@ -81,24 +82,17 @@ class Backend:
                 f"the {backend} backend has no option {unknown[0]!r}; its options are: {listed}. E.g. {example!r}."
             )
 
+    def attach(self, backends: list[Backend]) -> None:
+        """Called once, in the user's thread, when a Logger takes this backend,
+        with all of that Logger's backends (this one included): to share
+        something with another backend, or refuse to work beside it."""
+
     def open_run(self, run: RunInfo) -> None:
         """A run starts: create it in the backend, record its metadata."""
 
-    def write_batch(self, run: RunInfo, table: "pa.Table") -> None:
-        """A spooled batch of `run`'s logs, as an Arrow table."""
-
-    def write_event(self, run: RunInfo, event: "logdict") -> None:
-        """One tapped event of `run` (a one-event logdict of NumPy arrays)."""
-
-    def write_events(self, run: RunInfo, events: "logdict") -> None:
-        """Consecutive tapped events of `run`, in order, as one logdict (every
-        key's series holds its events). lox delivers tapped events this way, a
-        few times per second; by default each goes to `write_event`. Override
-        it to handle a block at once (faster when many seeds stream)."""
-        from lox_core.logdict import event_count
-
-        for i in range(max(map(event_count, events.values()), default=0)):
-            self.write_event(run, events.slice[i : i + 1])
+    def write(self, run: RunInfo, table: pa.Table) -> None:
+        """Logs of `run` as an Arrow table: a spooled batch (`logger.spool`,
+        `logger.log`), or a block of tapped events (`logger.tap`)."""
 
     def flush(self) -> None:
         """Make everything written so far durable or sent."""
@@ -115,6 +109,38 @@ class Backend:
         `logger.flush`, `finish` and `close`, after `flush` / `close_run` /
         `close`; only backends that send in a thread of their own (trackers)
         need it."""
+
+
+def _adapt_old_methods(cls: type[Backend]) -> None:
+    """Backends written before `write` existed: ``write_batch(run, table)`` had
+    the same meaning and keeps working (with a warning); backends that only
+    take tapped events as logdicts are refused when created (`check_backend`)."""
+    defines = lambda name: any(name in vars(c) for c in cls.__mro__ if c is not Backend)  # noqa: E731
+    if defines("write") or not defines("write_batch"):
+        return
+    warnings.warn(
+        f"lox backend {cls.__qualname__} implements `write_batch`, which lox now calls `write(run, table)` "
+        "(tapped events arrive as tables too); rename the method. It is called as `write` meanwhile.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    cls.write = lambda self, run, table: self.write_batch(run, table)  # type: ignore[method-assign]
+
+
+def check_backend(backend: Backend) -> None:
+    """Refuse a backend that implements only methods lox no longer calls."""
+    if not isinstance(backend, Backend):
+        raise TypeError(
+            f"a lox Logger takes backends (subclasses of lox_backends.hooks.Backend), got {type(backend).__name__}."
+        )
+    cls = type(backend)
+    old = [name for name in ("write_event", "write_events") if any(name in vars(c) for c in cls.__mro__)]
+    if old and cls.write is Backend.write:
+        raise TypeError(
+            f"lox backend {cls.__qualname__} implements `{old[0]}`, which lox no longer calls: implement "
+            "`write(self, run, table)`, which receives spooled batches and tapped events alike as Arrow tables "
+            "(`lox.logdict.from_arrow(table)` gives a logdict back). See plugins.md."
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,34 +2,27 @@
 and notebooks.
 
 Nothing is written anywhere. Per run, `MemoryBackend` keeps the `RunInfo`
-(``runs``), every batch table and tapped event in arrival order (``writes``),
-and whether the run was closed (``closed``); ``logs(run_id)`` turns a run back
-into one `lox.logdict`.
-
-This module imports pyarrow (and lox's core) only when logs are read back.
+(``runs``), every table it was given in arrival order (``writes``), and whether
+the run was closed (``closed``); ``logs(run_id)`` turns a run back into one
+`lox.logdict`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+import pyarrow as pa
 
 from lox_backends import hooks
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from lox_core.logdict import logdict
-
-    Write = Union[pa.Table, logdict]
+from lox_core.arrow import from_arrow
+from lox_core.logdict import concat, logdict
 
 
 class MemoryBackend(hooks.Backend):
-    """Keeps the runs, batches and events it receives in memory.
+    """Keeps the runs and tables it receives in memory.
 
     Attributes:
       runs: ``{run_id: RunInfo}``, in the order the runs were opened.
-      writes: ``{run_id: [pyarrow.Table | logdict, ...]}``: the batches (tables)
-        and tapped events (one-event logdicts) of each run, in arrival order.
+      writes: ``{run_id: [pyarrow.Table, ...]}``: the tables of each run (spooled
+        batches and blocks of tapped events), in arrival order.
       closed: ``{run_id: bool}``: whether `close_run` was called for the run.
       flushes: how many times `flush` was called.
       is_closed: whether `close` was called.
@@ -42,7 +35,7 @@ class MemoryBackend(hooks.Backend):
     >>> backend.open_run(run)
     >>> for step in range(3):
     ...     event = lox.logdict({"loss": np.array([float(step)])}, steps={"step": {"loss": np.array([step])}})
-    ...     backend.write_event(run, event)
+    ...     backend.write(run, event.to_arrow(run=run.run_id))
     >>> backend.close_run(run)
     >>> backend.logs()["loss"].tolist(), backend.closed
     ([0.0, 1.0, 2.0], {'run-0': True})
@@ -51,7 +44,7 @@ class MemoryBackend(hooks.Backend):
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
         self.runs: dict[str, hooks.RunInfo] = {}
-        self.writes: dict[str, list[Write]] = {}
+        self.writes: dict[str, list[pa.Table]] = {}
         self.closed: dict[str, bool] = {}
         self.flushes = 0
         self.is_closed = False
@@ -59,14 +52,8 @@ class MemoryBackend(hooks.Backend):
     def open_run(self, run: hooks.RunInfo) -> None:
         self._register(run)
 
-    def write_batch(self, run: hooks.RunInfo, table: "pa.Table") -> None:
+    def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         self._register(run).append(table)
-
-    def write_event(self, run: hooks.RunInfo, event: "logdict") -> None:
-        import numpy as np
-
-        # A copy: the callback's arrays may be views of buffers that are reused.
-        self._register(run).append(event.map_series(np.array))
 
     def flush(self) -> None:
         self.flushes += 1
@@ -84,29 +71,17 @@ class MemoryBackend(hooks.Backend):
         return self.writes.setdefault(run.run_id, [])
 
     # --- reading back -------------------------------------------------------------
-    def tables(self, run_id: str | None = None) -> list["pa.Table"]:
-        """The batch tables of a run, in arrival order."""
-        import pyarrow as pa
+    def tables(self, run_id: str | None = None) -> list[pa.Table]:
+        """The tables of a run, in arrival order."""
+        return list(self.writes[self._run_id(run_id)])
 
-        return [w for w in self.writes[self._run_id(run_id)] if isinstance(w, pa.Table)]
-
-    def events(self, run_id: str | None = None) -> list["logdict"]:
-        """The tapped events of a run, in arrival order."""
-        from lox_core.logdict import logdict
-
-        return [w for w in self.writes[self._run_id(run_id)] if isinstance(w, logdict)]
-
-    def logs(self, run_id: str | None = None) -> "logdict":
-        """One run's batches and events, concatenated in arrival order.
+    def logs(self, run_id: str | None = None) -> logdict:
+        """One run's tables, as one logdict, in arrival order.
 
         `run_id` may be left out when the backend holds exactly one run.
         """
-        from lox_core.arrow import from_arrow
-        from lox_core.logdict import concat, logdict
-
-        parts = [w if isinstance(w, logdict) else from_arrow(w) for w in self.writes[self._run_id(run_id)]]
+        parts = [from_arrow(table) for table in self.writes[self._run_id(run_id)]]
         return concat(parts) if parts else logdict()
-
     def _run_id(self, run_id: str | None) -> str:
         if run_id is None:
             if len(self.runs) == 1:

@@ -41,8 +41,12 @@ import os
 import re
 import tempfile
 
+import numpy as np
+import pyarrow.parquet as pq
+
 from lox_backends import hooks
 from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
+from lox_core.logdict import NO_STEP
 
 DEFAULT_EXPERIMENT = "lox"
 MAX_METRICS = 1000  # per log_batch request (MLflow's limit)
@@ -75,15 +79,16 @@ class MlflowBackend(TrackerBackend):
     def _experiment(self) -> str:
         if self._experiment_id is None:
             found = self._client.get_experiment_by_name(self.experiment)
-            if found is None:
+            if found is not None:
+                self._experiment_id = found.experiment_id
+            else:
                 try:
                     self._experiment_id = self._client.create_experiment(self.experiment)
                 except Exception:  # created meanwhile by another process
                     found = self._client.get_experiment_by_name(self.experiment)
                     if found is None:
                         raise
-            if found is not None:
-                self._experiment_id = found.experiment_id
+                    self._experiment_id = found.experiment_id
         return self._experiment_id
 
     def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
@@ -113,10 +118,7 @@ class MlflowBackend(TrackerBackend):
         return found[0].info.run_id if found else None
 
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
-        import numpy as np
         from mlflow.entities import Metric
-
-        from lox_core.logdict import NO_STEP
 
         events, time_ms = scalars(batch.table), batch.time_ms
         steps, besides = events.tracker_steps()
@@ -124,7 +126,7 @@ class MlflowBackend(TrackerBackend):
         keys = {key: _name(key) for key in set(events.keys)}
         metrics = [
             Metric(keys[key], value, time_ms, step)
-            for key, value, step in zip(events.keys, events.values.tolist(), steps.tolist())
+            for key, value, step in zip(events.keys, events.values.tolist(), steps.tolist(), strict=True)
         ]
         for name, has in besides.items():
             # One metric per (step, value) of this step name, however many keys carried it.
@@ -134,8 +136,6 @@ class MlflowBackend(TrackerBackend):
             self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS])
         array_rows = arrays(batch.table)
         if array_rows.num_rows:
-            import pyarrow.parquet as pq
-
             with tempfile.TemporaryDirectory(prefix="lox-mlflow-") as folder:
                 path = os.path.join(folder, batch.name)
                 pq.write_table(array_rows, path)

@@ -55,11 +55,17 @@ import os
 import re
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from lox_backends import hooks
 from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
+from lox_core.logdict import NO_STEP
+
+if TYPE_CHECKING:  # an optional dependency, imported when a backend is created
+    from neptune import Run
 
 MODES = ("offline", "async", "sync")
 MAX_CUSTOM_RUN_ID = 36  # longer ids are ignored by the Neptune client
@@ -110,7 +116,7 @@ class NeptuneBackend(TrackerBackend):
 
         self._neptune, self._File, self._Inconsistency = neptune, File, MetadataInconsistency
         _install_quiet_filter()
-        self._open_runs: dict[str, object] = {}  # lox run id → neptune.Run
+        self._open_runs: dict[str, Run] = {}  # lox run id → neptune.Run
         self._last_steps: dict[str, dict[str, int]] = {}  # lox run id → series path → last step sent
         self._warned: set[tuple[str, str]] = set()
 
@@ -132,7 +138,7 @@ class NeptuneBackend(TrackerBackend):
         # must not create an empty offline run.
         return {"custom_run_id": custom_run_id(run.run_id)}
 
-    def _run(self, run: hooks.RunInfo):
+    def _run(self, run: hooks.RunInfo) -> Run:
         """The Neptune run of `run`, created (or resumed, online) if needed."""
         neptune_run = self._open_runs.get(run.run_id)
         if neptune_run is not None and neptune_run.get_state() != "stopped":
@@ -196,8 +202,6 @@ class NeptuneBackend(TrackerBackend):
                     self._extend(neptune_run, run, "steps/" + _path(name), x[rows], values, timestamp, last, sent)
             others = arrays(batch.table)
             if others.num_rows:
-                import pyarrow.parquet as pq
-
                 buffer = io.BytesIO()
                 pq.write_table(others, buffer)
                 # Copied into Neptune's own folder (offline it uploads later); a
@@ -209,8 +213,6 @@ class NeptuneBackend(TrackerBackend):
 
     def _extend(self, neptune_run, run, path, steps, values, timestamp, last, sent) -> None:
         """Append one series' points of a batch (steps NO_STEP: appended without a step)."""
-        from lox_core.logdict import NO_STEP
-
         finite = np.isfinite(values)
         if not finite.all():
             self._warn(run, path, "nan", f"{np.count_nonzero(~finite)} NaN or infinite value(s)")

@@ -6,6 +6,9 @@ import os
 
 import numpy as np
 
+from lox_backends.store import load, runs
+from lox_core.logdict import event_count, logdict
+
 
 def plot_runs(
     path: str | os.PathLike,
@@ -22,9 +25,6 @@ def plot_runs(
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    from lox_backends.parquet import load, runs
-    from lox_core.logdict import event_count, logdict
-
     path = os.fspath(path)
     loaded = load(path)
     single = isinstance(loaded, logdict)  # one run's folder
@@ -35,7 +35,9 @@ def plot_runs(
     with_key = {run: logs for run, logs in by_run.items() if key in logs and event_count(logs[key])}
     if not with_key:
         available = sorted({k for logs in by_run.values() for k in logs})
-        raise LookupError(f"no run under {path!r} logged {key!r}; the keys logged are: {', '.join(available) or 'none'}.")
+        raise LookupError(
+            f"no run under {path!r} logged {key!r}; the keys logged are: {', '.join(available) or 'none'}."
+        )
     figure, axes = plt.subplots(figsize=(7, 4))
     positive = True
     for run, logs in with_key.items():

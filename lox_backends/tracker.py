@@ -29,19 +29,22 @@ import dataclasses
 import hashlib
 import json
 import os
-import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from lox_backends import hooks
-from lox_backends.config import BackendConfig, mask_secrets
-from lox_backends.parquet import DEFAULT_DIR, TIME_METADATA, ParquetBackend
-
-if TYPE_CHECKING:
-    import pyarrow as pa
+from lox_backends.config import BackendConfig, mask_secrets, parse
+from lox_backends.parquet import LogListener, ParquetBackend
+from lox_backends.registry import registry
+from lox_backends.shutdown import flush_before_exit_handlers
+from lox_backends.store import DEFAULT_DIR, TIME_METADATA, BatchFile, batch_file, locate, read_run_json, run_files
+from lox_backends.worker import Worker
+from lox_core import schema
+from lox_core.logdict import NO_STEP
 
 COMMON_OPTIONS = {"local": "folder of the local log that is sent from (default lox-runs)"}
 RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
@@ -86,7 +89,8 @@ class TrackerBackend(hooks.Backend):
         super().__init__(target, options)
         self.check_options(self.tracker, {**self.options_help, **COMMON_OPTIONS}, self.example)
         self.log = ParquetBackend(self.options.get("local", DEFAULT_DIR))
-        self.log.on_durable.append(self._durable)
+        self._follower = _Follower(self)
+        self.log.listeners.append(self._follower)
         self._owns_log = True
         self._runs: dict[str, hooks.RunInfo] = {}
         self._sender = _Sender(self)
@@ -119,8 +123,6 @@ class TrackerBackend(hooks.Backend):
         """Call after the tracker's client registered an exit handler (often
         when a run starts): lox's exit flush then runs first, and the client's
         handler finds its runs complete."""
-        from lox_backends.logger import flush_before_exit_handlers
-
         flush_before_exit_handlers()
 
     # --- the local log ---------------------------------------------------------------
@@ -128,12 +130,19 @@ class TrackerBackend(hooks.Backend):
     def local_root(self) -> str:
         return self.log.root
 
-    def share_log(self, log: ParquetBackend) -> None:
-        """Send from `log`, a parquet backend of the same Logger writing the
-        same folder, instead of writing that folder a second time."""
-        self.log.on_durable.remove(self._durable)
-        self.log, self._owns_log = log, False
-        log.on_durable.append(self._durable)
+    def attach(self, backends: list[hooks.Backend]) -> None:
+        """One writer per local folder: a parquet backend of the same Logger
+        writing this tracker's local folder (or an earlier tracker's local log
+        there) is sent from, instead of writing every table there a second time."""
+        shared = [b for b in backends if isinstance(b, ParquetBackend) and b.root == self.local_root]
+        if not shared:
+            earlier = backends[: next(i for i, b in enumerate(backends) if b is self)]
+            shared = [b.log for b in earlier if isinstance(b, TrackerBackend) and b._owns_log
+                      and b.local_root == self.local_root]
+        if shared:
+            self.log.listeners.remove(self._follower)
+            self.log, self._owns_log = shared[0], False
+            self.log.listeners.append(self._follower)
 
     def spec(self) -> str:
         """This backend's config string, without `local`, secrets masked (for messages)."""
@@ -141,40 +150,27 @@ class TrackerBackend(hooks.Backend):
         return mask_secrets(str(BackendConfig(self.tracker, self.target or None, options)))
 
     # --- the backend contract ----------------------------------------------------------
+    # The local log tells `_Follower` what to send (in its own thread when it is
+    # a parquet backend of the Logger): these only write it, if this tracker owns it.
     def open_run(self, run: hooks.RunInfo) -> None:
-        self._runs[run.run_id] = run
         if self._owns_log:
             self.log.open_run(run)
-        self._sender.put(("open", run, os.path.join(self.local_root, run.run_id)))
 
-    def write_batch(self, run: hooks.RunInfo, table: "pa.Table") -> None:
+    def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         if self._owns_log:
-            self.log.write_batch(run, table)
-
-    def write_event(self, run: hooks.RunInfo, event) -> None:
-        if self._owns_log:
-            self.log.write_event(run, event)
-
-    def write_events(self, run: hooks.RunInfo, events) -> None:
-        if self._owns_log:
-            self.log.write_events(run, events)
+            self.log.write(run, table)
 
     def flush(self) -> None:
-        self.log.flush()  # durable files are queued for sending (`_durable`)
+        if self._owns_log:
+            self.log.flush()
 
     def close_run(self, run: hooks.RunInfo) -> None:
-        try:
-            if self._owns_log:
-                self.log.close_run(run)
-            else:
-                self.log.flush()  # its last files, before the run ends at the tracker
-        finally:  # the run ends at the tracker even if its last local write failed
-            self._sender.put(("close", run, os.path.join(self.local_root, run.run_id)))
+        if self._owns_log:
+            self.log.close_run(run)
 
     def close(self) -> None:
         if self._owns_log:
             self.log.close()
-        self._sender.put(("shutdown", None, None))
 
     def wait(self, timeout: float | None) -> None:
         """Wait (at most `timeout` seconds) until everything queued was sent;
@@ -190,11 +186,6 @@ class TrackerBackend(hooks.Backend):
                 RuntimeWarning,
                 stacklevel=3,
             )
-
-    def _durable(self, run_id: str, path: str) -> None:
-        run = self._runs.get(run_id)
-        if run is not None:  # a run of the shared log that this backend did not open
-            self._sender.put(("file", run, path))
 
     # --- sending (the sender thread, and `lox sync`) ------------------------------------
     def sent_record(self, folder: str) -> "SentRecord":
@@ -216,16 +207,14 @@ class TrackerBackend(hooks.Backend):
             raise
         return record, remote
 
-    def _send_file(self, run: hooks.RunInfo, record: SentRecord, remote: dict, path: str) -> int:
-        """Send one batch file unless it was sent before; its number of rows sent."""
-        import pyarrow.parquet as pq
-
-        name = os.path.basename(path)
+    def _send_file(self, run: hooks.RunInfo, record: SentRecord, remote: dict, file: BatchFile) -> int:
+        """Send the run's rows of one batch file unless they were sent before; the number of rows sent."""
+        name = file.name
         if name in record.files or name in record.unconfirmed:
             return 0
-        table = pq.read_table(path)
+        table = file.read()
         meta = table.schema.metadata or {}
-        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(os.path.getmtime(path) * 1000)
+        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(os.path.getmtime(file.path) * 1000)
         self.send(run, remote, Batch(name, time_ms, table))
         if self.confirms_at_end:
             record.unconfirmed.append(name)
@@ -244,29 +233,28 @@ class TrackerBackend(hooks.Backend):
         """Send what of the run in `folder` did not reach this destination yet
         (``lox sync``); end the run at the tracker if it finished. Returns
         (batch files sent, rows sent)."""
-        from lox_backends.parquet import _batch_files, _read_run_json
-
         self.syncing = True
-        info = _read_run_json(folder)
+        info = read_run_json(folder)
+        assert info is not None  # missing_ok=False raises instead
         run = hooks.RunInfo(info["run_id"], info.get("name", info["run_id"]), info.get("group", ""),
                             info.get("index", 0), info.get("metadata") or {})
         record = self.sent_record(folder)
-        missing = [path for _, name, path in _batch_files(folder) if name not in record.files]
+        missing = [file for file in run_files(folder, info) if file.name not in record.files]
         ending = info.get("status") == "finished" or self.confirms_at_end
         if not missing and (record.closed or not ending):
             return 0, 0  # nothing to do: the tracker is not even contacted
         record, remote = self._open(run, folder)  # refused while a live process sends this run
         try:
             files = rows = 0
-            for path in missing:
+            for file in missing:
                 try:
-                    rows += self._send_file(run, record, remote, path)
+                    rows += self._send_file(run, record, remote, file)
                     files += 1
                 except Exception as error:  # noqa: BLE001 - a refused batch does not stop the others
                     if not isinstance(error, Unsendable) and self.transient(error):
                         raise
                     warnings.warn(
-                        f"lox sync: {self.spec()} refused {os.path.basename(path)} of run {run.name!r} "
+                        f"lox sync: {self.spec()} refused {file.name} of run {run.name!r} "
                         f"({type(error).__name__}: {mask_secrets(str(error))}); it stays unsent.",
                         RuntimeWarning,
                         stacklevel=2,
@@ -360,52 +348,54 @@ class SentRecord:
             self._lock_file = None
 
 
-class _Sender:
-    """The thread that sends a tracker backend's queue, in order, retrying each
-    item with backoff until it succeeds (one warning per outage)."""
+class _Follower(LogListener):
+    """Follows the local log for a tracker: the runs it opens and closes, and
+    each batch file once durable, become items to send."""
 
     def __init__(self, backend: TrackerBackend):
         self._backend = backend
-        self._items: list[tuple] = []
-        self._condition = threading.Condition()
-        self._busy = False
+
+    def run_opened(self, run: hooks.RunInfo, folder: str) -> None:
+        self._backend._runs[run.run_id] = run
+        self._backend._sender.put(("open", run, folder))
+
+    def file_durable(self, run_id: str, path: str) -> None:
+        run = self._backend._runs.get(run_id)
+        if run is not None:  # a run of a shared log that this backend did not open
+            self._backend._sender.put(("file", run, path))
+
+    def run_closed(self, run: hooks.RunInfo, folder: str) -> None:
+        if run.run_id in self._backend._runs:
+            self._backend._sender.put(("close", run, folder))
+
+    def log_closed(self) -> None:
+        self._backend._sender.put(("shutdown", None, None))
+
+
+class _Sender:
+    """Sends a tracker backend's items in order, in a `Worker` of its own,
+    retrying each with backoff until it succeeds (one warning per outage)."""
+
+    def __init__(self, backend: TrackerBackend):
+        self._backend = backend
         self._open: dict[str, tuple[SentRecord, dict]] = {}  # run_id → record, remote
         self._runs_open: dict[str, hooks.RunInfo] = {}
         self._refused: set[str] = set()  # runs the tracker refused to open
         self.last_error: BaseException | None = None
         self._warned = False
-        # Started now, in the thread that creates the backend: Python refuses
-        # new threads while the interpreter exits, when the last batches go out.
-        self._thread = threading.Thread(target=self._run, name=f"lox-send-{backend.tracker}", daemon=True)
-        self._thread.start()
+        self._worker = Worker(f"lox-send-{backend.tracker}")
 
     def put(self, item: tuple) -> None:
-        with self._condition:
-            self._items.append(item)
-            self._condition.notify_all()
+        self._worker.submit(lambda: self._with_retries(item), label=item[0])
+        if item[0] == "shutdown":
+            self._worker.stop(wait=False)  # the thread ends once the queue is sent
 
     def wait(self, timeout: float | None) -> bool:
-        """Whether the queue emptied within `timeout` seconds."""
-        with self._condition:
-            return self._condition.wait_for(lambda: not self._items and not self._busy, timeout)
+        """Whether everything queued was sent within `timeout` seconds."""
+        return self._worker.wait_idle(timeout)
 
     def unsent(self) -> int:
-        with self._condition:
-            return sum(1 for item in self._items if item[0] == "file")  # the one being sent included
-
-    def _run(self) -> None:
-        while True:
-            with self._condition:
-                self._condition.wait_for(lambda: self._items)
-                item = self._items[0]
-                self._busy = True
-            self._with_retries(item)
-            with self._condition:
-                self._items.pop(0)
-                self._busy = False
-                self._condition.notify_all()
-            if item[0] == "shutdown":
-                return
+        return self._worker.backlog("file")  # the one being sent included
 
     def _with_retries(self, item: tuple) -> None:
         delay = RETRY_FIRST
@@ -418,13 +408,15 @@ class _Sender:
             except Exception as error:  # noqa: BLE001 - retried when transient, else reported and skipped
                 backend = self._backend
                 if isinstance(error, Unsendable) or not backend.transient(error):
-                    if kind == "open" or run is not None and run.run_id not in self._open:
+                    if run is None:  # the shutdown item
+                        what = "to shut down"
+                    elif kind == "open" or run.run_id not in self._open:
                         self._refused.add(run.run_id)  # every later item of the run would fail alike
                         what = f"to open run {run.name!r}"
                     elif kind == "file":
                         what = f"{os.path.basename(where)} of run {run.name!r}"
                     else:
-                        what = f"to {kind} run {run.name!r}" if run is not None else "to shut down"
+                        what = f"to {kind} run {run.name!r}"
                     warnings.warn(
                         f"lox: {backend.spec()} refused {what} ({type(error).__name__}: {mask_secrets(str(error))}). "
                         f"What it refused stays in {backend.local_root!r}; lox goes on without retrying it "
@@ -436,9 +428,9 @@ class _Sender:
                 self.last_error = error
                 if not self._warned:
                     self._warned = True
-                    backend = self._backend
+                    failure = f"{type(error).__name__}: {mask_secrets(str(error))}"
                     warnings.warn(
-                        f"lox: sending to {backend.spec()} failed ({type(error).__name__}: {mask_secrets(str(error))}). "
+                        f"lox: sending to {backend.spec()} failed ({failure}). "
                         f"lox keeps retrying in the background; your logs are safe in {backend.local_root!r}.",
                         RuntimeWarning,
                         stacklevel=2,
@@ -460,13 +452,15 @@ class _Sender:
                 del self._open[run_id]
             backend.shutdown()
             return
+        if run is None or where is None:  # only the shutdown item has neither
+            raise RuntimeError(f"lox internal error: a {kind!r} item to send without its run or path.")
         if run.run_id not in self._open:
-            folder = where if kind != "file" else os.path.dirname(where)
+            folder = where if kind != "file" else os.path.join(backend.local_root, run.run_id)
             self._open[run.run_id] = backend._open(run, folder)
             self._runs_open[run.run_id] = run
         record, remote = self._open[run.run_id]
         if kind == "file":
-            backend._send_file(run, record, remote, where)
+            backend._send_file(run, record, remote, batch_file(where, run.run_id))
         elif kind == "close":
             if not record.closed:
                 backend._end(run, record, remote)
@@ -488,7 +482,7 @@ class Batch:
 
     name: str
     time_ms: int
-    table: "pa.Table"
+    table: pa.Table
 
 
 @dataclasses.dataclass
@@ -515,8 +509,6 @@ class Scalars:
         `primary` step, else its first other step name's (`lox.NO_STEP`
         without any); and, per step name, which events also carry that name
         besides the one chosen (to log as a series of its own, e.g. ``epoch``)."""
-        from lox_core.logdict import NO_STEP
-
         names = sorted(self.steps, key=lambda name: name != self.primary)
         chosen = np.full(len(self), NO_STEP, np.int64)
         source = np.full(len(self), -1)
@@ -533,21 +525,20 @@ class Scalars:
             codes = np.fromiter((numbers.setdefault(k, len(numbers)) for k in self.keys), np.int64, len(self.keys))
             names = list(numbers)
         else:
+            if self.names is None:
+                raise TypeError("Scalars.codes are positions in Scalars.names, which is None.")
             codes, names = self.codes, self.names
         order = np.argsort(codes, kind="stable")
         bounds = np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]
-        groups = dict(zip(names, np.split(order, bounds)))
+        groups = dict(zip(names, np.split(order, bounds), strict=True))
         firsts = {name: group[0] for name, group in groups.items() if len(group)}
-        return {name: groups[name] for name in sorted(firsts, key=firsts.get)}
+        return {name: groups[name] for name in sorted(firsts, key=lambda name: firsts[name])}
 
 
-def scalars(table: "pa.Table") -> Scalars:
+def scalars(table: pa.Table) -> Scalars:
     """The events of `table` whose value is a real number (every scalar but complex)."""
-    import pyarrow.compute as pc
-
-    from lox_core.logdict import ARROW_COLUMNS, NO_STEP
-
-    scalar = pc.equal(pc.list_value_length(table.column("shape")), 0)
+    # pyarrow.compute defines its functions at import time, unseen by type checkers.
+    scalar = pc.equal(pc.list_value_length(table.column("shape")), 0)  # pyright: ignore[reportAttributeAccessIssue]
     rows = table.filter(scalar)
     values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
     missing = np.flatnonzero(np.isnan(values) & ~rows.column("value").is_valid().to_numpy(zero_copy_only=False))
@@ -561,23 +552,19 @@ def scalars(table: "pa.Table") -> Scalars:
                 values[i] = float(np.frombuffer(data[i], dtype)[0])
             else:
                 keep[i] = False
-    names = [c for c in table.column_names if c not in ARROW_COLUMNS]
+    names = schema.step_names(table)
     steps = {n: rows.column(n).fill_null(NO_STEP).to_numpy(zero_copy_only=False).astype(np.int64)[keep] for n in names}
     codes, key_names = _codes(rows.column("key"))
     codes = codes[keep]
     keys = np.asarray(key_names, object)[codes] if key_names else np.empty(0, object)
-    primary = "step" if "step" in names else (names[0] if names else None)
-    return Scalars(keys, values[keep], steps, primary, codes, key_names)
+    return Scalars(keys, values[keep], steps, schema.primary_step(names), codes, key_names)
 
 
-def _codes(column) -> tuple[np.ndarray, list[str]]:
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     """A string column as positions in a list of its distinct strings (no
     Python string per row: lox's key column is a dictionary)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
+        column = column.dictionary_encode()
     # One dictionary for all chunks: pyarrow's own unification.
     chunks = pa.table({"k": column}).unify_dictionaries().column("k").chunks
     if not chunks:
@@ -587,23 +574,20 @@ def _codes(column) -> tuple[np.ndarray, list[str]]:
     return codes, names
 
 
-def arrays(table: "pa.Table") -> "pa.Table":
+def arrays(table: pa.Table) -> pa.Table:
     """The rows of `table` that `scalars` leaves out: array-valued events, and
     complex scalars (read them with `lox.logdict.from_arrow`); trackers keep
     them as files, histograms..."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     dtype = table.column("dtype").cast(pa.string())
-    return table.filter(pc.or_(pc.greater(pc.list_value_length(table.column("shape")), 0),
-                               pc.starts_with(dtype, "complex")))
+    # pyarrow.compute defines its functions at import time, unseen by type checkers.
+    lengths = pc.list_value_length(table.column("shape"))  # pyright: ignore[reportAttributeAccessIssue]
+    complex_scalar = pc.starts_with(dtype, "complex")  # pyright: ignore[reportAttributeAccessIssue]
+    return table.filter(pc.or_(pc.greater(lengths, 0), complex_scalar))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def local_runs(path: str) -> list[str]:
     """The run folders at `path`: a run folder, or a folder of them (oldest first)."""
-    from lox_backends.parquet import _locate
-
-    return [folder for folder, _ in _locate(path)[1]]
+    return [folder for folder, _ in locate(path)[1]]
 
 
 def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
@@ -611,9 +595,6 @@ def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
     backend and the trackers' local logs write them) to the tracker `spec`,
     skipping what reached it before. Returns (run folder, batch files sent,
     rows sent) per run. This is ``lox sync PATH --to SPEC``."""
-    from lox_backends.config import parse
-    from lox_backends.registry import registry
-
     folders = local_runs(path)  # a wrong path is reported before anything is created
     configs = parse(spec)
     if len(configs) != 1:

@@ -59,14 +59,20 @@ import struct
 import time
 import warnings
 import zlib
+from typing import Literal
 
 import numpy as np
 
 from lox_backends import hooks
+from lox_backends.store import fsync
 from lox_backends.tracker import Batch, TrackerBackend
+from lox_core import schema
+from lox_core.arrow import from_arrow
+from lox_core.logdict import NO_STEP
 
 DEFAULT_PROJECT = "lox"
-MODES = ("online", "offline", "disabled")
+Mode = Literal["online", "offline", "disabled"]
+MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
 MAX_ID = 64  # characters of a W&B run id that lox derives
 HISTOGRAM_BINS = 64
 FILE_TIMEOUT = 60.0  # seconds `end_run` waits for W&B to complete an offline run's file
@@ -108,8 +114,9 @@ class WandbBackend(TrackerBackend):
         # thread may first need it while the interpreter exits.
         import wandb
         import wandb.proto.wandb_internal_pb2  # noqa: F401 - read when a run ends
+        from wandb.errors import CommError
 
-        self._wandb = wandb
+        self._wandb, self._CommError = wandb, CommError
         self._open_runs: dict[str, _WandbRun] = {}
         self._resume: dict[str, bool] = {}  # run_id -> whether its W&B run may exist
         if self.mode == "online":
@@ -149,7 +156,7 @@ class WandbBackend(TrackerBackend):
 
     def transient(self, error: Exception) -> bool:
         """Retried: W&B unreachable (online). Not: what W&B refuses."""
-        return isinstance(error, self._wandb.errors.CommError) or super().transient(error)
+        return isinstance(error, self._CommError) or super().transient(error)
 
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
         if self.mode == "disabled":
@@ -227,12 +234,8 @@ class _WandbRun:
 
     def rows(self, batch: Batch) -> list[tuple[int, dict]]:
         """The rows of a batch: (W&B step, {key: value}), in increasing step order."""
-        from lox_core.arrow import from_arrow
-        from lox_core.logdict import NO_STEP
-
         logs = from_arrow(batch.table)
-        names = [n for n in batch.table.column_names if n in logs.steps]
-        primary = "step" if "step" in names else (names[0] if names else None)
+        primary = schema.primary_step(n for n in batch.table.column_names if n in logs.steps)
         by_key = logs.steps.get(primary, {}) if primary else {}
         floor = self.start if self.step is None else self.step  # W&B drops rows below it
         # Events without the primary step go in the row of the latest step.
@@ -251,7 +254,7 @@ class _WandbRun:
                 self.run.define_metric(name, step_metric=next(iter(others)))
             steps = np.where(steps == NO_STEP, latest, steps)
             kept = np.flatnonzero(steps >= floor)
-            late = np.count_nonzero((steps < floor) & ~((steps >= 0) & (steps < self.start)))
+            late = int(np.count_nonzero((steps < floor) & ~((steps >= 0) & (steps < self.start))))
             if late:  # below `start`: sent before, W&B has it; otherwise lost at W&B
                 self.late[name] = self.late.get(name, 0) + late
             steps = steps[kept]
@@ -268,7 +271,7 @@ class _WandbRun:
 
     def _fill(self, rows: dict[int, dict], key: str, steps: list[int], values: list) -> None:
         """Put one value of `key` in the row of each step."""
-        for step, value in zip(steps, values):
+        for step, value in zip(steps, values, strict=True):
             row = rows.get(step)
             if row is None:
                 row = rows[step] = {}
@@ -300,7 +303,7 @@ class _WandbRun:
         ):
             if counts and kind not in self.warned:
                 self.warned.add(kind)
-                keys = sorted(counts, key=counts.get, reverse=True)
+                keys = sorted(counts, key=lambda k: counts[k], reverse=True)
                 listed = ", ".join(f"{k!r} ({counts[k]})" for k in keys[:5]) + (" ..." if len(keys) > 5 else "")
                 warnings.warn(
                     f"lox: in W&B run {self.info.name!r}, values {what}: {listed}. They are kept in the "
@@ -314,7 +317,7 @@ class _WandbRun:
 def _columns(key: str, values: np.ndarray, wandb) -> list[tuple[str, list]]:
     """What W&B gets for a series of events: (key, one value per event) pairs."""
     if np.iscomplexobj(values):
-        return [*_columns(f"{key}/real", values.real, wandb), *_columns(f"{key}/imag", values.imag, wandb)]
+        return [*_columns(f"{key}/real", np.real(values), wandb), *_columns(f"{key}/imag", np.imag(values), wandb)]
     if values.ndim == 1:
         if values.dtype.kind in "biu":
             return [(key, values.astype(np.int64 if values.dtype.kind == "b" else values.dtype).tolist())]
@@ -332,7 +335,6 @@ _MISSING = object()
 
 def _first(steps, events: int) -> np.ndarray:
     """One step per event (steps logged under vmap repeat along the batch axes)."""
-    from lox_core.logdict import NO_STEP
 
     if steps is None:
         return np.full(events, NO_STEP, np.int64)
@@ -366,7 +368,7 @@ def wandb_id(run_id: str) -> str:
     return f"{prefix}-{digest}" if prefix else digest
 
 
-def _mode(option: str | None) -> str:
+def _mode(option: str | None) -> Mode:
     if option is not None:
         if option not in MODES:
             raise ValueError(
@@ -403,7 +405,6 @@ def _wait_for_complete_file(path: str, timeout: float) -> None:
             raise TimeoutError(f"W&B did not complete the run file {path} within {timeout} s of finishing the run")
         time.sleep(delay)
         delay = min(2 * delay, 0.05)
-    from lox_backends.parquet import fsync
 
     for target in (path, os.path.dirname(path)):  # W&B does not fsync
         fsync(target)
@@ -424,7 +425,8 @@ def _has_exit_record(path: str) -> bool:
     except FileNotFoundError:
         return False
     for payload in _records(data, start):
-        record = wandb_internal_pb2.Record()
+        # Generated protobuf code, without type stubs: its message classes are unknown to type checkers.
+        record = wandb_internal_pb2.Record()  # pyright: ignore[reportAttributeAccessIssue]
         try:
             record.ParseFromString(payload)
         except Exception:  # noqa: BLE001 - a record cut by the blocks read: not the exit record

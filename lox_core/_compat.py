@@ -8,22 +8,19 @@ fails loudly in this file instead of silently elsewhere. Supported: JAX 0.8,
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
-from jax.extend.core import primitives as _primitives
-
-from jax._src import core
+from jax._src import core, effects, linear_util, source_info_util
 from jax._src import debugging as _debugging
-from jax._src import effects
-from jax._src import linear_util
-from jax._src import source_info_util
 from jax._src.ad_checkpoint import remat_p as _remat_p
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals as _conditionals
 from jax._src.shard_map import shard_map_p as _shard_map_p
 from jax._src.state.types import AbstractRef as _AbstractRef
+from jax.extend.core import primitives as _primitives
+from jax.interpreters import mlir
 
 Jaxpr = core.Jaxpr
 Ref = getattr(jax, "Ref", None) or core.Ref  # the type of `jax.new_ref(x)`
@@ -250,8 +247,16 @@ def shard_map_params(params) -> ShardMapParams:
     if isinstance(jaxpr, Jaxpr):
         jaxpr = ClosedJaxpr(jaxpr, ())
     return ShardMapParams(
-        jaxpr, params["mesh"], tuple(params["in_specs"]), tuple(params["out_specs"]), params["check_vma"], frozenset(manual)
+        jaxpr, params["mesh"], tuple(params["in_specs"]), tuple(params["out_specs"]),
+        params["check_vma"], frozenset(manual),
     )
+
+
+# --- lowering ---------------------------------------------------------------------
+def register_lowering(primitive, rule: Callable, cacheable: bool = True) -> None:
+    """`mlir.register_lowering` of a rule that takes the primitive's parameters
+    by name (JAX 0.8 and 0.9 type a rule as taking any keyword argument)."""
+    mlir.register_lowering(primitive, rule, cacheable=cacheable)
 
 
 # --- batching ---------------------------------------------------------------------
@@ -327,7 +332,7 @@ def events_sharding(x, series: bool = False):
     aval = x if isinstance(x, core.AbstractValue) else jax.typeof(x)
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
-    if spec is None or all(p is None for p in spec._partitions):
+    if sharding is None or spec is None or all(p is None for p in spec._partitions):
         return None
     return sharding if series else sharding.update(spec=_leading_unsharded(spec))
 

@@ -33,9 +33,10 @@ import dataclasses
 import functools
 import inspect
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import jax
+import jax.core
 import numpy as np
 
 from lox_core import _compat
@@ -49,10 +50,11 @@ _kinds: dict[type, bool | None] = {}  # leaf type -> traced (True), static (Fals
 
 
 def _kind(x) -> bool | None:
-    kind = _kinds.get(type(x), 0)
-    if kind == 0:
+    try:
+        return _kinds[type(x)]
+    except KeyError:  # a type seen for the first time
         kind = _kinds[type(x)] = True if is_array(x) else None if isinstance(x, _NUMBERS) else False
-    return kind
+        return kind
 
 
 def is_array(x) -> bool:
@@ -67,9 +69,9 @@ def traced(leaves: list, tree) -> list[bool]:
     them); a number inside any other node (a module's field) is static."""
     kinds = [_kind(x) for x in leaves]
     if None not in kinds:
-        return kinds
-    in_containers = _layout(tree)[0]
-    return [kind if kind is not None else held for kind, held in zip(kinds, in_containers)]
+        return cast("list[bool]", kinds)
+    in_containers = _layout(tree)[0]  # one per leaf of `tree`, as `leaves` are
+    return [kind if kind is not None else held for kind, held in zip(kinds, in_containers, strict=True)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -159,7 +161,8 @@ class Signature:
         try:
             return bool(self._keys == other._keys)
         except Exception:  # an __eq__ that does not return a bool (e.g. an array): compare identities
-            return all(a is b for (_, _, a), (_, _, b) in zip(self._keys, other._keys))
+            # (the same tree may hold a different number of static leaves: stop at the shorter, as before)
+            return all(a is b for (_, _, a), (_, _, b) in zip(self._keys, other._keys, strict=False))
 
     def rebuild(self, dynamic) -> tuple[tuple, dict]:
         """The call's ``(args, kwargs)`` with `dynamic` as its traced leaves."""
@@ -183,7 +186,7 @@ def split(where: str, args: tuple, kwargs: dict, static_argnums: tuple = (), sta
     root = (args, kwargs)
     leaves, tree, shared = flatten(root)
     dynamic, static = [], []
-    for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, tree))):
+    for i, (leaf, is_traced) in enumerate(zip(leaves, traced(leaves, tree), strict=True)):
         if is_traced:
             dynamic.append(leaf)
         else:
@@ -219,13 +222,13 @@ def flatten(root) -> tuple[list, Any, tuple]:
     seen: set = set()
     again: list = []
 
-    def visit(node):
+    def note(node):
         if id(node) in seen:
             again.append(node)
         seen.add(id(node))
         return False
 
-    leaves, tree = tree_util.tree_flatten(root, is_leaf=visit)
+    leaves, tree = tree_util.tree_flatten(root, is_leaf=note)
     if not _layout(tree)[1]:  # tuples of arrays: nothing mutable
         return leaves, tree, ()
     if not any(_mutable(node) and not tree_util.all_leaves([node]) for node in again):
@@ -274,11 +277,12 @@ def _replaced(node, path: tuple, value):
     """`node` with `value` at `path`: set in place, or rebuilt where immutable."""
     if not path:
         return value
-    child = _replaced(_child(node, path[0]), path[1:], value) if len(path) > 1 else value
-    if _can_set(node, path[0]):
-        _set(node, {path[0]: child})
+    key, rest = path[0], path[1:]
+    child = _replaced(_child(node, key), rest, value) if rest else value
+    if _can_set(node, key):
+        _set(node, {key: child})
         return node
-    return _rebuilt(node, {path[0]: child})
+    return _rebuilt(node, {key: child})
 
 
 class Argument:
@@ -342,10 +346,10 @@ class Filtered:
     def of(cls, value) -> "Filtered":
         leaves, tree = tree_util.tree_flatten(value)
         kinds = traced(leaves, tree)
-        static = tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds)) if not k)
+        static = tuple((i, x) for i, (x, k) in enumerate(zip(leaves, kinds, strict=True)) if not k)
         for _, x in static:
             _check_holds_no_tracer(x)
-        return cls(tree, static, [x for x, k in zip(leaves, kinds) if k])
+        return cls(tree, static, [x for x, k in zip(leaves, kinds, strict=True) if k])
 
     def value(self, root=None):
         """The pytree; with `root` (the caller's ``(args, kwargs)``), its
@@ -398,7 +402,7 @@ def guard_static(where: str, fun: Callable, leaves: list, root) -> Callable[[], 
     hands to `fun` as it is and cannot write back. The check puts the
     attributes back as they were before it raises."""
     kinds = traced(leaves, tree_util.tree_structure(root))
-    saved = [(i, x, dict(x.__dict__)) for i, (x, k) in enumerate(zip(leaves, kinds))
+    saved = [(i, x, dict(x.__dict__)) for i, (x, k) in enumerate(zip(leaves, kinds, strict=True))
              if not k and isinstance(getattr(x, "__dict__", None), dict) and not callable(x)]
 
     def check() -> None:
@@ -434,7 +438,7 @@ class Changes:
 
     def apply(self, args: tuple, kwargs: dict) -> None:
         """Write the changes into the caller's `args` and `kwargs`."""
-        writes = dict(zip(self.paths, self.arrays))
+        writes = dict(zip(self.paths, self.arrays, strict=True))  # one path per array
         writes.update(self.static)
         with warnings.catch_warnings():
             # Pytree paths name attributes that some libraries now want set another
@@ -459,7 +463,8 @@ def changes(where: str, fun: Callable, tree, before: list, after_args: tuple, af
     after, after_tree = tree_util.tree_flatten(root)
     if after_tree != tree:
         raise ValueError(_structure_message(where, fun, tree, after_args, after_kwargs))
-    changed = [i for i, (b, a) in enumerate(zip(before, after)) if a is not b]
+    # `before` are the leaves of `tree` too, so both have tree.num_leaves.
+    changed = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a is not b]
     if not changed:
         return None
     paths = _paths(root)
@@ -496,8 +501,10 @@ def _place(fun: Callable, root, path: tuple) -> str:
 
 def _structure_message(where: str, fun: Callable, tree, args: tuple, kwargs: dict) -> str:
     args_tree, kwargs_tree = tree.children()
-    before = dict(zip(_argument_names(fun, len(args), kwargs), [*args_tree.children(), *kwargs_tree.children()]))
-    for name, value in zip(before, [*args, *kwargs.values()]):
+    names = _argument_names(fun, len(args), kwargs)  # one per argument, as `tree` holds them
+    before = dict(zip(names, [*args_tree.children(), *kwargs_tree.children()], strict=True))
+    # Not strict: names that repeat (a signature that misnames the arguments) leave `before` shorter.
+    for name, value in zip(before, [*args, *kwargs.values()], strict=False):
         was = before[name]
         if was == tree_util.tree_structure(value):
             continue
@@ -595,7 +602,11 @@ def _children(node) -> dict:
 
 
 def _frozen(node) -> bool:
-    return isinstance(node, tuple) or (dataclasses.is_dataclass(node) and node.__dataclass_params__.frozen)
+    if isinstance(node, tuple):
+        return True
+    # A dataclass (class or instance) keeps its options, `frozen` among them, in `__dataclass_params__`.
+    params = getattr(node, "__dataclass_params__", None) if dataclasses.is_dataclass(node) else None
+    return params is not None and params.frozen
 
 
 def _can_set(node, key) -> bool:

@@ -114,6 +114,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lox_core import schema
 from lox_core.logdict import ARROW_COLUMNS, NO_STEP, logdict
 
 if TYPE_CHECKING:
@@ -178,6 +179,58 @@ def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
     schema = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
                        metadata=metadata)
     return pa.Table.from_arrays(list(columns.values()), schema=schema)
+
+
+def to_arrow_runs(logs: logdict, runs: list[str], batch_ndim: int) -> tuple[pa.Table, np.ndarray]:
+    """The logs of several runs at once, logged under `jax.vmap` (the leading
+    `batch_ndim` axes of every array are the runs, `runs` naming them in C
+    order), as one table: each run's rows together, in the order of `runs`,
+    ordered by the primary step within a run as `lox_core.schema.order_by_step`
+    orders one run's table. Returns the table and where each run's rows start
+    (``len(runs) + 1`` offsets), so that ``table.slice(start, stop - start)``
+    is the table `to_arrow` makes of that run's logs, ordered by step.
+
+    Far cheaper than one `to_arrow` per run when the runs are many (vmapped
+    seeds): the arrays are converted once. Padded logs (``logs.valid``) have a
+    different number of events per run: convert them run by run.
+
+    >>> import numpy as np, lox
+    >>> logs = lox.logdict({"x": np.array([[1.0, 2.0], [3.0, 4.0]])}, {"step": {"x": np.array([[1, 0], [0, 1]])}})
+    >>> table, offsets = to_arrow_runs(logs, ["a", "b"], batch_ndim=1)
+    >>> table.column("run").to_pylist(), table.column("value").to_pylist(), offsets.tolist()
+    (['a', 'a', 'b', 'b'], [2.0, 1.0, 3.0, 4.0], [0, 2, 4])
+    """
+    if logs.valid:
+        raise ValueError("to_arrow_runs: padded logs (logs.valid) differ in events per run; convert each run apart.")
+    leaves = jax.tree_util.tree_leaves((dict(logs), logs.steps))
+    batch = np.shape(leaves[0])[:batch_ndim] if leaves else (len(runs),)
+    count = math.prod(batch)
+    if count != len(runs) or any(np.shape(x)[:batch_ndim] != batch for x in leaves):
+        raise ValueError(f"to_arrow_runs: {len(runs)} runs, but the arrays' batch axes are {batch}.")
+    # Each run's events one after the other: (runs * events, ...), run-major.
+    flat = lambda x: np.asarray(x).reshape(count * np.shape(x)[batch_ndim], *np.shape(x)[batch_ndim + 1 :])  # noqa: E731
+    # Dicts rebuilt by hand: tree_map would sort their keys, and the key order is the logdict's.
+    data = {key: jax.tree_util.tree_map(flat, value) for key, value in logs.items()}
+    steps = {name: {key: flat(s) for key, s in per_key.items()} for name, per_key in logs.steps.items()}
+    table = to_arrow(logdict(data, steps))
+    # to_arrow writes each series' rows together: a series of n rows holds n / count events per run.
+    codes, _ = _codes(table.column("key"))
+    starts = np.flatnonzero(np.diff(codes, prepend=-1)) if len(codes) else np.zeros(0, np.int64)
+    sizes = np.diff(np.append(starts, len(codes)))
+    run_of_row = np.concatenate([np.repeat(np.arange(count), size // count) for size in sizes]) if len(sizes) else (
+        np.zeros(0, np.int64))
+    primary = schema.primary_step(schema.step_names(table))
+    if primary is None:
+        order = np.argsort(run_of_row, kind="stable")
+    else:  # nulls last within a run, as pyarrow's sort orders them
+        steps = table.column(primary)
+        filled = pc.fill_null(steps, _INT64_MAX).to_numpy() if steps.null_count else steps.to_numpy()
+        order = np.lexsort((filled, run_of_row))  # stable: equal steps keep their order
+    run_indices = pa.array(run_of_row[order].astype(np.int32))
+    run_column = pa.DictionaryArray.from_arrays(run_indices, pa.array(runs, pa.string()))
+    table = table.take(pa.array(order)).set_column(0, "run", run_column)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(run_of_row, minlength=count))])
+    return table, offsets
 
 
 class _Series:
@@ -285,7 +338,7 @@ def _run_column(run: str | None, total: int) -> pa.Array:
 def _dict_column(names: list[str], index: list[int], bounds: np.ndarray) -> pa.Array:
     """A dictionary column whose rows of series i all hold ``names[index[i]]``."""
     indices = np.zeros(bounds[-1], np.int32)  # fresh zero pages: nearly free when one name fills the column
-    for i, a, b in zip(index, bounds[:-1], bounds[1:]):
+    for i, a, b in zip(index, bounds[:-1], bounds[1:], strict=True):
         if i:
             indices[a:b] = i  # a fill per series: cheaper than np.repeat
     return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(names, pa.string()))
@@ -295,7 +348,7 @@ def _step_column(series: list[_Series], name: str, bounds: np.ndarray) -> pa.Arr
     # Written in place, series by series: no per-series temporaries to concatenate.
     values = np.zeros(bounds[-1], np.int64)
     nulls = np.ones(bounds[-1], bool)
-    for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+    for s, a, b in zip(series, bounds[:-1], bounds[1:], strict=True):
         if name in s.steps:
             values[a:b] = s.steps[name]
             np.equal(s.steps[name], NO_STEP, out=nulls[a:b])
@@ -306,7 +359,7 @@ def _value_column(series: list[_Series], bounds: np.ndarray) -> pa.Array:
     values = np.zeros(bounds[-1], np.float64)
     nulls = np.zeros(bounds[-1], bool)
     with np.errstate(invalid="ignore"):  # signalling NaNs become quiet: documented
-        for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+        for s, a, b in zip(series, bounds[:-1], bounds[1:], strict=True):
             if _has_value(s):
                 values[a:b] = s.values
             else:
@@ -328,7 +381,7 @@ def _shape_column(series: list[_Series], bounds: np.ndarray) -> pa.Array:
         raise ValueError("the events' shapes hold more than 2**31 - 1 dimensions in all; convert fewer events at once.")
     offsets = np.zeros(bounds[-1] + 1, np.int32)
     dims, used = [], 0
-    for s, a, b in zip(series, bounds[:-1], bounds[1:]):
+    for s, a, b in zip(series, bounds[:-1], bounds[1:], strict=True):
         ndim = s.values.ndim - 1
         if ndim:
             offsets[a + 1 : b + 1] = used + ndim * np.arange(1, b - a + 1, dtype=np.int64)
@@ -413,53 +466,113 @@ def from_arrow(table: pa.Table, run: str | None = None) -> logdict:
     """The logdict of NumPy arrays that a table of schema version 1 holds.
 
     The table may come from `to_arrow`, a Parquet file, or several runs'
-    tables concatenated: then pass ``run=`` to choose one run.
+    tables concatenated: then pass ``run=`` to choose one run (or use
+    `from_arrow_runs` for all of them).
     """
-    missing = [c for c in RESERVED if c not in table.column_names]
-    if missing:
-        raise ValueError(
-            f"the table lacks the column(s) {', '.join(map(repr, missing))} of the lox Arrow schema; "
-            "it must have run, key, value, dtype, shape and data (see lox_core.arrow)."
-        )
-    meta = _metadata(table)
-    if meta.get("lox.schema", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ValueError(
-            f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version {SCHEMA_VERSION}. "
-            "Upgrade lox."
-        )
-    step_dtypes = _json(meta, "lox.step_dtypes")
-    batch_ndims = _json(meta, "lox.step_batch_ndim")
-    step_names = [c for c in table.column_names if c not in RESERVED]
-    for name in step_names:
-        if not pa.types.is_integer(table.schema.field(name).type):
-            raise TypeError(f"step column {name!r} has type {table.schema.field(name).type}; steps must be integers.")
-
+    header = _Header(table)
     table = _select_run(table, run)
     keys, starts, counts, table = _group_by_key(table)
-    columns = _Columns(table, step_names)
-    data: dict[str, np.ndarray] = {}
-    steps: dict[str, dict[str, np.ndarray]] = {name: {} for name in step_names}
-    for key, start, count in zip(keys, starts, counts):
-        dtype, shape = columns.dtype_and_shape(key, start, count)
-        data[key] = columns.values(key, start, count, dtype, shape)
-        k = int(batch_ndims.get(key, 0))
-        for name in step_names:
-            s = columns.steps(name, start, count)
-            if s is not None:
-                steps[name][key] = _broadcast(s.astype(step_dtypes.get(name, "int64")), shape[:k])
+    return header.logdict(_Columns(table, header.step_names), keys, starts, counts)
 
-    for key, info in sorted(_json(meta, "lox.empty_series").items(), key=lambda kv: kv[1]["position"]):
-        if key in data:
-            continue
-        shape = tuple(info["shape"])
-        k = int(batch_ndims.get(key, 0))
-        data = _insert(data, int(info["position"]), key, np.zeros((0, *shape), _dtype(info["dtype"])))
-        for name in info["steps"]:
-            steps.setdefault(name, {})[key] = np.zeros((0, *shape[:k]), step_dtypes.get(name, "int64"))
-    # Step dicts follow the key order, as in a logdict built by lox.
-    order = {key: i for i, key in enumerate(data)}
-    steps = {name: dict(sorted(per_key.items(), key=lambda kv: order[kv[0]])) for name, per_key in steps.items()}
-    return logdict(data, steps)
+
+def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
+    """Every run of a table that holds several (tables of runs concatenated,
+    e.g. a batch file shared by vmapped seeds), as ``{run: logdict}`` in order
+    of first appearance: the columns are decoded once for all runs.
+
+    >>> import numpy as np, lox, pyarrow as pa
+    >>> a = lox.logdict({"x": np.array([1.0, 2.0])}, {"step": {"x": np.array([0, 1])}})
+    >>> b = lox.logdict({"x": np.array([5.0])}, {"step": {"x": np.array([0])}})
+    >>> runs = from_arrow_runs(pa.concat_tables([to_arrow(a, run="a"), to_arrow(b, run="b")]))
+    >>> {run: logs["x"].tolist() for run, logs in runs.items()}
+    {'a': [1.0, 2.0], 'b': [5.0]}
+    """
+    header = _Header(table)
+    if table.num_rows == 0:
+        return {}
+    if table.column("run").null_count == table.num_rows:
+        run_codes, run_names = np.zeros(table.num_rows, np.int64), [None]
+    else:
+        run_codes, run_names = _codes(table.column("run"))
+        if (run_codes < 0).any():
+            raise ValueError("the run column has nulls on some rows only; every row of a run names it.")
+    if table.column("key").null_count:
+        raise ValueError("the key column has nulls; every row of the lox Arrow schema names its key.")
+    key_codes, key_names = _codes(table.column("key"))
+    groups = run_codes * len(key_names) + key_codes
+    order: np.ndarray | None = None
+    if not bool(np.all(groups[1:] >= groups[:-1])):
+        # A stable grouping by (run, key); NumPy sorts 16-bit integers in linear time (radix sort).
+        narrow = groups.astype(np.uint16) if len(run_names) * len(key_names) <= 2**16 else groups
+        order = np.argsort(narrow, kind="stable")
+        groups = groups[order]
+    starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
+    counts = np.diff(np.append(starts, len(groups)))
+    first_row = starts if order is None else order[starts]  # where each (run, key) first appears
+    columns = _Columns(table, header.step_names, order)
+    by_run: dict[int, list[int]] = {}
+    for g in np.argsort(first_row, kind="stable"):  # runs, and keys within a run, in order of first appearance
+        by_run.setdefault(int(groups[starts[g]]) // len(key_names), []).append(int(g))
+    out: dict[str | None, logdict] = {}
+    for run, members in by_run.items():
+        keys = [key_names[int(groups[starts[g]]) % len(key_names)] for g in members]
+        out[run_names[run]] = header.logdict(columns, keys, starts[members], counts[members])
+    return out
+
+
+class _Header:
+    """What a table's schema says: its step columns and the lox metadata."""
+
+    def __init__(self, table: pa.Table):
+        missing = [c for c in RESERVED if c not in table.column_names]
+        if missing:
+            raise ValueError(
+                f"the table lacks the column(s) {', '.join(map(repr, missing))} of the lox Arrow schema; "
+                "it must have run, key, value, dtype, shape and data (see lox_core.arrow)."
+            )
+        meta = _metadata(table)
+        if meta.get("lox.schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise ValueError(
+                f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version {SCHEMA_VERSION}. "
+                "Upgrade lox."
+            )
+        self.step_dtypes = _json(meta, "lox.step_dtypes")
+        self.batch_ndims = _json(meta, "lox.step_batch_ndim")
+        self.empty_series = _json(meta, "lox.empty_series")
+        self.step_names = [c for c in table.column_names if c not in RESERVED]
+        for name in self.step_names:
+            if not pa.types.is_integer(table.schema.field(name).type):
+                raise TypeError(
+                    f"step column {name!r} has type {table.schema.field(name).type}; steps must be integers."
+                )
+
+    def logdict(self, columns: _Columns, keys: list[str], starts, counts) -> logdict:
+        """The logdict of the keys whose rows lie at `starts`, `counts` in `columns`."""
+        data: dict[str, np.ndarray] = {}
+        steps: dict[str, dict[str, np.ndarray]] = {name: {} for name in self.step_names}
+        for key, start, count in zip(keys, map(int, starts), map(int, counts), strict=True):
+            dtype, shape = columns.dtype_and_shape(key, start, count)
+            data[key] = columns.values(key, start, count, dtype, shape)
+            k = int(self.batch_ndims.get(key, 0))
+            for name in self.step_names:
+                s = columns.steps(name, start, count)
+                if s is not None:
+                    steps[name][key] = _broadcast(s.astype(self.step_dtypes.get(name, "int64")), shape[:k])
+
+        for key, info in sorted(self.empty_series.items(), key=lambda kv: kv[1]["position"]):
+            if key in data:
+                continue
+            shape = tuple(info["shape"])
+            k = int(self.batch_ndims.get(key, 0))
+            data = _insert(data, int(info["position"]), key, np.zeros((0, *shape), _dtype(info["dtype"])))
+            for name in info["steps"]:
+                steps.setdefault(name, {})[key] = np.zeros((0, *shape[:k]), self.step_dtypes.get(name, "int64"))
+        # Step dicts follow the key order, as in a logdict built by lox.
+        order = {key: i for i, key in enumerate(data)}
+        steps = {name: dict(sorted(per_key.items(), key=lambda kv: order[kv[0]]))
+                 for name, per_key in steps.items() if per_key}
+        # Consistent by construction (each key's values and steps come from the same rows).
+        return logdict._trusted(data, steps)
 
 
 def _metadata(table: pa.Table) -> dict[str, str]:
@@ -474,7 +587,7 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """Integer codes (-1 for null) and the names they index, for a string or dictionary column."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not pa.types.is_dictionary(array.type):
-        array = pc.dictionary_encode(array)  # Parquet readers may hand back plain strings
+        array = array.dictionary_encode()  # Parquet readers may hand back plain strings
     names = array.dictionary.to_pylist()
     # A dictionary may repeat a name (chunks concatenated): one code per distinct name.
     canon: dict[str, int] = {}
@@ -489,7 +602,7 @@ def _select_run(table: pa.Table, run: str | None) -> pa.Table:
     if table.num_rows == 0:
         return table  # no rows to choose from: any run of it has no events
     if table.column("run").null_count == table.num_rows:
-        codes, runs = None, [None]
+        codes, names, runs = None, [], [None]
     else:
         codes, names = _codes(table.column("run"))
         present = np.flatnonzero(np.bincount(codes + 1, minlength=len(names) + 1)) - 1  # O(rows), no sort
@@ -535,29 +648,43 @@ def _group_by_key(table: pa.Table):
 
 
 class _Columns:
-    """The columns of one run's table, decoded once and read key by key."""
+    """The columns of a table, decoded once and read key by key; with `order`,
+    as if the table's rows had been taken in that order (only the columns
+    that hold something are reordered: arrays' shapes and bytes are not
+    touched when every row is a scalar)."""
 
-    def __init__(self, table: pa.Table, step_names: list[str]):
+    def __init__(self, table: pa.Table, step_names: list[str], order: np.ndarray | None = None):
+        take = (lambda x: x) if order is None else (lambda x: x[order])  # noqa: E731
         self.dtype_codes, self.dtype_names = _codes(table.column("dtype"))
+        self.dtype_codes = take(self.dtype_codes)
         shape = table.column("shape").combine_chunks()
         if shape.null_count:
             raise ValueError("the shape column has nulls; every row of the lox Arrow schema has a shape.")
+        self.scalars_only = len(shape.values) == 0  # no dimension on any row
+        if order is not None and not self.scalars_only:
+            shape = shape.take(pa.array(order))
         self.shape_offsets = shape.offsets.to_numpy()
         self.shape_dims = shape.values.to_numpy(zero_copy_only=False)
         value = table.column("value").combine_chunks()
-        self.value = value.to_numpy(zero_copy_only=False)
-        self.value_valid = _validity(value)
+        self.value = take(value.to_numpy(zero_copy_only=False))
+        valid = _validity(value)
+        self.value_valid = valid if isinstance(valid, bool) else take(valid)
         self.data = table.column("data")
+        if order is not None and self.data.null_count < len(self.data):
+            self.data = self.data.take(pa.array(order))
         self.step = {}
         for name in step_names:
             column = table.column(name).combine_chunks().cast(pa.int64())
             filled = pc.fill_null(column, NO_STEP) if column.null_count else column
-            self.step[name] = (filled.to_numpy(), _validity(column))
+            valid = _validity(column)
+            self.step[name] = (take(filled.to_numpy()), valid if isinstance(valid, bool) else take(valid))
 
     def dtype_and_shape(self, key: str, start: int, count: int) -> tuple[np.dtype, tuple[int, ...]]:
         codes = self.dtype_codes[start : start + count]
         if (codes != codes[0]).any() or codes[0] < 0:
             raise ValueError(f"the rows of key {key!r} have different or null dtypes; a key keeps one dtype.")
+        if self.scalars_only:
+            return _dtype(self.dtype_names[codes[0]]), ()
         offsets = self.shape_offsets[start : start + count + 1]
         if offsets[0] == offsets[-1]:  # scalars: no dimension on any row
             return _dtype(self.dtype_names[codes[0]]), ()

@@ -43,7 +43,9 @@ class Layout:
         for key in self.keys:
             holders = [(i, logs) for i, logs in enumerate(records) if key in logs]
             _check_one_layout(key, holders)
-            if len(holders) == len(records) and _alike([logs.filter(lambda k, _: k == key) for _, logs in holders]):
+            if len(holders) == len(records) and _alike(
+                [logs.filter(lambda k, _, key=key: k == key) for _, logs in holders]  # `key` bound as a default
+            ):
                 continue  # logged alike by every branch: as it is
             _, first = holders[0]
             tree = jax.tree_util.tree_structure(first[key])
@@ -67,7 +69,9 @@ class Layout:
         if not self.padded:
             return logs
         data, valid, totals = {}, {}, {}
-        names = sorted({n for key in self.keys for n in (self.padded[key].steps if key in self.padded else logs.step_names(key))})
+        names = sorted(
+            {n for key in self.keys for n in (self.padded[key].steps if key in self.padded else logs.step_names(key))}
+        )
         steps: dict = {name: {} for name in names}
         for key in self.keys:
             spec = self.padded.get(key)
@@ -83,8 +87,13 @@ class Layout:
             have = event_count(logs[key]) if key in logs else 0
             tree, leaves = spec.leaves
             values = jax.tree_util.tree_leaves(logs[key]) if key in logs else [None] * len(leaves)
+            # One value per leaf of the key's layout: every branch logs it with one structure.
             data[key] = jax.tree_util.tree_unflatten(
-                tree, [_padded(x, spec.events, *leaf, 0) for x, leaf in zip(values, leaves)]
+                tree,
+                [
+                    _padded(x, spec.events, shape, dtype, sharding, 0)
+                    for x, (shape, dtype, sharding) in zip(values, leaves, strict=True)
+                ],
             )
             for name, (shape, dtype, sharding) in spec.steps.items():
                 s = logs.steps[name][key] if key in logs and name in logs.steps and key in logs.steps[name] else None
@@ -95,7 +104,10 @@ class Layout:
             if mask is None:
                 mask = jnp.ones((have, *spec.mask_tail), bool)
             valid[key] = _padded(mask, spec.events, spec.mask_tail, np.dtype(bool), None, False)
-            dropped = logs._totals[key][1] if key in logs and key in logs._totals else jnp.zeros(spec.mask_tail, jnp.int32)
+            if key in logs and key in logs._totals:
+                dropped = logs._totals[key][1]
+            else:
+                dropped = jnp.zeros(spec.mask_tail, jnp.int32)
             totals[key] = (jnp.sum(valid[key], axis=0, dtype=jnp.int32), jnp.asarray(dropped, jnp.int32))
         return logdict._trusted({}, {})._like(data, steps, valid, totals)
 
@@ -120,7 +132,8 @@ def _check_one_layout(key: str, holders: list) -> None:
 
     def kind(logs):
         value = logs[key]
-        return jax.tree_util.tree_structure(value), [(x.shape[1:], np.dtype(x.dtype)) for x in jax.tree_util.tree_leaves(value)]
+        leaves = jax.tree_util.tree_leaves(value)
+        return jax.tree_util.tree_structure(value), [(x.shape[1:], np.dtype(x.dtype)) for x in leaves]
 
     def shown(logs):
         return ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape[1:])}" for x in jax.tree_util.tree_leaves(logs[key]))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import collections
 import copy
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 import jax
 import jax.numpy as jnp
@@ -120,8 +120,8 @@ def appends(selection, jaxpr, scans: bool = False) -> collections.Counter | None
             if any(kinds_in(selection, s) for s in subs):
                 return None
             continue
-        counts = [appends(selection, s, scans) for s in subs]
-        if any(c is None for c in counts):
+        counts = [c for c in [appends(selection, s, scans) for s in subs] if c is not None]
+        if len(counts) < len(subs):  # a loop inside logs
             return None
         if eqn.primitive is _compat.cond_p:  # one branch runs
             total.update(collections.Counter({k: max(c[k] for c in counts) for c in counts for k in c}))
@@ -155,7 +155,7 @@ def check_one_shape_per_key(
     seen: dict[str, tuple] = {}
     for kind in kinds:
         leaves = iter(kind.leaves)
-        for key, tree in zip(kind.keys, kind.trees):
+        for key, tree in zip(kind.keys, kind.trees, strict=True):
             mine = (tree, tuple(next(leaves) for _ in range(tree.num_leaves)))
             other = seen.setdefault(key, mine)
             if other != mine:
@@ -244,14 +244,19 @@ class DeviceBuffer:
             group, arrays = self.groups[i], self.arrays[i]
             at = self._position(i)
 
-            def put(buf, x):
+            def put(buf, x, at=at):  # `at` of this iteration (called within it)
                 return jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), at, 0)
 
             new = dict(arrays)
-            new["leaves"] = tuple(tuple(put(b, x) for b, x in zip(buffers, jax.tree_util.tree_leaves(values[key])))
-                                  for key, buffers in zip(group.keys, arrays["leaves"]))
+            # A key's buffers: one per leaf of its events (`Group.leaves`).
+            new["leaves"] = tuple(
+                tuple(put(b, x) for b, x in zip(buffers, jax.tree_util.tree_leaves(values[key]), strict=True))
+                for key, buffers in zip(group.keys, arrays["leaves"], strict=True)
+            )
             # A slot may be used again (a tap's buffer, once sent): a step name this event lacks is written too.
-            new["steps"] = {name: put(b, steps[name] if name in steps else NO_STEP) for name, b in arrays["steps"].items()}
+            new["steps"] = {
+                name: put(b, steps[name] if name in steps else NO_STEP) for name, b in arrays["steps"].items()
+            }
             if "valid" in arrays:
                 logged = jnp.broadcast_to(jnp.asarray(True if active is None else active), self.mask_shapes[i])
                 new["valid"] = put(arrays["valid"], logged)
@@ -275,7 +280,7 @@ class DeviceBuffer:
         self.pending = [0] * len(self.groups)
         self.pending_total = 0
 
-    def carry(self):
+    def carry(self) -> tuple:
         self.commit()
         return tuple(self.arrays)
 
@@ -284,7 +289,7 @@ class DeviceBuffer:
         self.pending = [0] * len(self.groups)
         self.pending_total = 0
 
-    def structure(self) -> "DeviceBuffer":
+    def structure(self) -> Self:
         """A copy without the arrays, for a body JAX traces later, which
         resumes from the state it is passed: holding no tracer, it can outlive
         the trace it was made in."""
@@ -314,7 +319,7 @@ class TapBuffer(DeviceBuffer):
             self.n = self.n + self.pending_total
         super().commit()
 
-    def carry(self):
+    def carry(self) -> tuple:
         arrays = super().carry()
         return arrays, self.n
 
@@ -322,7 +327,7 @@ class TapBuffer(DeviceBuffer):
         arrays, self.n = carried
         super().resume(arrays)
 
-    def structure(self) -> "TapBuffer":
+    def structure(self) -> Self:
         empty = super().structure()
         empty.n = None
         return empty
@@ -340,9 +345,10 @@ class TapBuffer(DeviceBuffer):
         """The slots each group reserves in a cond, or None when a branch
         holds a loop that logs (then the buffers go through the cond, with
         their counters)."""
-        counts = [appends(selection, getattr(b, "jaxpr", b)) for b in branches]
+        found = [appends(selection, getattr(b, "jaxpr", b)) for b in branches]
         self.commit()
-        if any(c is None for c in counts):
+        counts = [c for c in found if c is not None]
+        if len(counts) < len(found):
             return None
         kinds = list(dict.fromkeys(k for c in counts for k in c))
         most_of_kind = collections.Counter({kind: max(c[kind] for c in counts) for kind in kinds})
@@ -354,7 +360,7 @@ class TapBuffer(DeviceBuffer):
         """Mark the reserved slots branch number `branch` left empty; the
         arrays it returns (the counters stay out of the cond)."""
         most, used, _, counts, _ = plan
-        for i, (filled, reserved) in enumerate(zip(used[branch], most)):
+        for i, (filled, reserved) in enumerate(zip(used[branch], most, strict=True)):
             if reserved > filled:
                 arrays = self.arrays[i]
                 empty = jnp.zeros((reserved - filled,), bool)
@@ -364,7 +370,7 @@ class TapBuffer(DeviceBuffer):
 
     def exit_cond(self, plan, carried) -> None:
         most, _, events, counts, self.n = plan
-        self.arrays = [dict(a, count=c) for a, c in zip(carried, counts)]
+        self.arrays = [dict(a, count=c) for a, c in zip(carried, counts, strict=True)]
         self.pending = list(most)
         self.pending_total = events
 
@@ -378,7 +384,7 @@ class TapBuffer(DeviceBuffer):
         contents = tuple({k: v for k, v in a.items() if k != "count"} for a in self.arrays)
 
         def emptied(counts, n):
-            self.arrays = [dict(a, count=c) for a, c in zip(self.arrays, counts)]
+            self.arrays = [dict(a, count=c) for a, c in zip(self.arrays, counts, strict=True)]
             self.n = n
 
         if when is None:
@@ -404,12 +410,15 @@ class SpoolBuffer(DeviceBuffer):
 
     what = "`lox.spool(..., max_events=N)`"
 
-    def __init__(self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...], masked_keys=frozenset()):
+    def __init__(
+        self, kinds: collections.Counter, capacity: int, mask_shape: tuple[int, ...], masked_keys=frozenset()
+    ):
         self.capacity = capacity
         groups = groups_of(list(kinds), self.what, "a bounded loop", "spool the loop as a `scan`")
         # A stored mask for the groups logged in a loop with a batched predicate.
         masked = [bool(mask_shape) and bool(masked_keys.intersection(g.keys)) for g in groups]
-        # Its counters go through conds with the branch that ran (the default): a branch that logs nothing takes no slot.
+        # Its counters go through conds with the branch that ran (the default): a branch that logs nothing
+        # takes no slot.
         super().__init__(groups, [capacity + 1] * len(groups), masked, [mask_shape if m else () for m in masked])
         for i, m in enumerate(masked):
             if m:
@@ -426,18 +435,21 @@ class SpoolBuffer(DeviceBuffer):
         self.commit()
         n = self.capacity
         data, steps, valid, totals = {}, {}, {}, {}
-        for group, arrays in zip(self.groups, self.arrays):
+        for group, arrays in zip(self.groups, self.arrays, strict=True):
             count = arrays["count"]
             if "valid" in arrays:
                 mask = arrays["valid"][:n]
                 total = (jnp.sum(mask, axis=0, dtype=jnp.int32), arrays["dropped"])
-                # What finished elements computed in the slots they did not log: padding, as for the others.
-                cut = lambda b, fill: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (b.ndim - mask.ndim)), b[:n], fill)  # noqa: E731
+                # What finished elements computed in the slots they did not log: padding, as for the others
+                # (`mask` bound: this iteration's).
+                cut = lambda b, fill, mask=mask: jnp.where(  # noqa: E731
+                    jnp.reshape(mask, mask.shape + (1,) * (b.ndim - mask.ndim)), b[:n], fill
+                )
             else:
                 mask = jnp.arange(n) < count
                 total = (jnp.minimum(count, n), jnp.maximum(count - n, 0))
                 cut = lambda b, fill: b[:n]  # noqa: E731
-            for key, tree, buffers in zip(group.keys, group.trees, arrays["leaves"]):
+            for key, tree, buffers in zip(group.keys, group.trees, arrays["leaves"], strict=True):
                 data[key] = jax.tree_util.tree_unflatten(tree, [cut(b, jnp.zeros((), b.dtype)) for b in buffers])
                 valid[key], totals[key] = mask, total
             for name, s in arrays["steps"].items():
@@ -494,17 +506,22 @@ def in_chunks(handler, scan, init: list, xs: list, chunk: int, end_chunk) -> tup
     full, rest = divmod(scan.length, chunk)
     # The iterations of the full chunks, then the rest, in execution order
     # (a reverse scan runs from the end: its rest is at the front).
-    main_at, rest_at = (slice(rest, None), slice(0, rest)) if scan.reverse else (slice(0, full * chunk), slice(full * chunk, None))
+    if scan.reverse:
+        main_at, rest_at = slice(rest, None), slice(0, rest)
+    else:
+        main_at, rest_at = slice(0, full * chunk), slice(full * chunk, None)
     carry = (list(init), handler.carry())
     parts = {}
     if full:
         chunked_xs = [jnp.reshape(x[main_at], (full, chunk, *x.shape[1:])) for x in xs]
-        carry, ys = jax.lax.scan(lambda c, x: run_chunk(c, x, chunk), carry, chunked_xs, length=full, reverse=scan.reverse)
+        carry, ys = jax.lax.scan(
+            lambda c, x: run_chunk(c, x, chunk), carry, chunked_xs, length=full, reverse=scan.reverse
+        )
         parts["main"] = [jnp.reshape(y, (full * chunk, *y.shape[2:])) for y in ys]
     if rest:
         carry, parts["rest"] = run_chunk(carry, [x[rest_at] for x in xs], rest)
     order = ["rest", "main"] if scan.reverse else ["main", "rest"]
     present = [parts[k] for k in order if k in parts]
-    ys = present[0] if len(present) == 1 else [jnp.concatenate(pair) for pair in zip(*present)]
+    ys = present[0] if len(present) == 1 else [jnp.concatenate(pair) for pair in zip(*present, strict=True)]
     handler.resume(carry[1])
     return carry[0], ys

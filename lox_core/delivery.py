@@ -33,7 +33,7 @@ def print_event(event: logdict) -> None:
         return
     for key, value in event.items():
         for i in range(event_count(value)):
-            values = {key: jax.tree_util.tree_map(lambda x: x[i], value)}
+            values = {key: jax.tree_util.tree_map(lambda x, i=i: x[i], value)}
             steps = {name: per_key[key][i] for name, per_key in event.steps.items() if key in per_key}
             print(console.format_event(values, steps), flush=True)
 
@@ -58,8 +58,10 @@ class Delivery:
     def event(self, keys: list[str], names: list[str]) -> Callable:
         """``deliver(batch_ndim, taken, values, steps, context)`` for one
         `lox.log` event: the values of `keys` and the steps of `names`, and
-        `taken` (None: always) the mask of elements that logged it."""
-        callback, prefix, with_context, batched, lock = self.callback, self.prefix, self.with_context, self.batched, self.lock
+        `taken` (None: always) the mask of elements that logged it. The host
+        call passes one value per key (`vals`) and one step per name (`stps`)."""
+        callback, prefix, lock = self.callback, self.prefix, self.lock
+        with_context, batched = self.with_context, self.batched
 
         def deliver_unlocked(batch_ndim, taken, vals, stps, context):
             if batch_ndim == 0 and not (with_context or batched):
@@ -69,9 +71,10 @@ class Delivery:
                 if taken is None or np.any(taken):
                     data = {
                         prefix + k: v[None] if isinstance(v, np.ndarray) else jax.tree_util.tree_map(_one_event, v)
-                        for k, v in zip(keys, vals)
+                        for k, v in zip(keys, vals, strict=True)
                     }
-                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps)}))
+                    per_name = {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps, strict=True)}
+                    callback(logdict._trusted(data, per_name))
                 return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
@@ -79,12 +82,21 @@ class Delivery:
                 took = np.ones(batch_shape, bool)
             else:  # a mask over inner vmap axes too (tap of a vmapped while loop): any element of them
                 taken = np.asarray(taken)
-                took = taken.reshape(batch_shape) if taken.size == np.prod(batch_shape) else taken.reshape(*batch_shape, -1).any(-1)
+                if taken.size == np.prod(batch_shape):
+                    took = taken.reshape(batch_shape)
+                else:
+                    took = taken.reshape(*batch_shape, -1).any(-1)
             if with_context or batched:
                 # The batched event (batch axes, then the event axis) in one call.
                 # Copies (np.array): the callee may keep them, and XLA may reuse its buffers.
-                data = {prefix + k: jax.tree_util.tree_map(lambda x: np.expand_dims(np.array(x), batch_ndim), v) for k, v in zip(keys, vals)}
-                per_name = {n: dict.fromkeys(data, np.expand_dims(np.array(s), batch_ndim)) for n, s in zip(names, stps)}
+                data = {
+                    prefix + k: jax.tree_util.tree_map(lambda x: np.expand_dims(np.array(x), batch_ndim), v)
+                    for k, v in zip(keys, vals, strict=True)
+                }
+                per_name = {
+                    n: dict.fromkeys(data, np.expand_dims(np.array(s), batch_ndim))
+                    for n, s in zip(names, stps, strict=True)
+                }
                 if batched:
                     callback(logdict._trusted(data, per_name), took)
                 else:
@@ -99,13 +111,14 @@ class Delivery:
             single = [tree.num_leaves == 1 and tree.num_nodes == 1 for _, tree in flat]
             indices = range(batch_shape[0]) if batch_ndim == 1 else list(np.ndindex(batch_shape))
             took_flat = took.reshape(-1).tolist()  # Python bools: cheap to test per element
-            for index, taken_here in zip(indices, took_flat):
+            for index, taken_here in zip(indices, took_flat, strict=True):  # both: one per element
                 if taken_here:
                     data = {
                         name: ls[0][index] if one else jax.tree_util.tree_unflatten(tree, [x[index] for x in ls])
-                        for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat)
+                        for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat, strict=True)
                     }
-                    callback(logdict._trusted(data, {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e)}))
+                    per_name = {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e, strict=True)}
+                    callback(logdict._trusted(data, per_name))
 
         def deliver(*args):
             with lock:
@@ -138,7 +151,7 @@ class Delivery:
                 with lock:
                     block_callback(batch_ndim, block, context)
                 return
-            contexts = None if block_callback is None else elements(batch_ndim, batch_shape, context)
+            contexts = [] if block_callback is None else elements(batch_ndim, batch_shape, context)
             for e, index in enumerate(np.ndindex(batch_shape)):
                 if not sending[index]:
                     continue
@@ -158,7 +171,7 @@ class Delivery:
         callback, block_callback, prefix, lock = self.callback, self.block_callback, self.prefix, self.lock
 
         def deliver(batch_ndim, when, counts, arrays, context):
-            contexts = None if block_callback is None else elements(batch_ndim, np.shape(when), context)
+            contexts = [] if block_callback is None else elements(batch_ndim, np.shape(when), context)
             with lock:
                 for e, block in blocks(groups, key_order, prefix, batch_ndim, when, counts, arrays):
                     if block_callback is None:
@@ -173,8 +186,12 @@ def elements(batch_ndim: int, shape: tuple, tree) -> list:
     """`tree`'s arrays for each element of the leading `batch_ndim` axes (of
     size `shape[:batch_ndim]`), in the order `blocks` numbers elements."""
     batch_shape = tuple(shape[:batch_ndim])
-    return [jax.tree_util.tree_map(lambda x: np.array(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:])[index]), tree)
-            for index in np.ndindex(batch_shape)]
+    return [
+        jax.tree_util.tree_map(
+            lambda x, index=index: np.array(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:])[index]), tree
+        )
+        for index in np.ndindex(batch_shape)
+    ]
 
 
 def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, when, counts, arrays
@@ -187,7 +204,9 @@ def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, whe
     when = np.asarray(when)
     batch_shape = when.shape[:batch_ndim]
     elements = int(np.prod(batch_shape))
-    flat = lambda x: np.reshape(np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:]), (elements, *np.shape(x)[batch_ndim:]))  # noqa: E731
+    flat = lambda x: np.reshape(  # noqa: E731
+        np.broadcast_to(x, batch_shape + np.shape(x)[batch_ndim:]), (elements, *np.shape(x)[batch_ndim:])
+    )
     when = flat(when)
     counts = [flat(c) for c in counts]
     arrays = [jax.tree_util.tree_map(flat, a) for a in arrays]
@@ -195,7 +214,7 @@ def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, whe
         if not when[e]:
             continue
         parts = []
-        for group, count, held in zip(groups, counts, arrays):
+        for group, count, held in zip(groups, counts, arrays, strict=True):  # one count and arrays per group
             rows = np.flatnonzero(held["valid"][e, : count[e]])
             if rows.size == 0:
                 continue
@@ -203,7 +222,7 @@ def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, whe
             flat_leaves = iter([x[e, rows] for leaves in held["leaves"] for x in leaves])
             data = {
                 prefix + k: jax.tree_util.tree_unflatten(tree, [next(flat_leaves) for _ in range(tree.num_leaves)])
-                for k, tree in zip(group.keys, group.trees)
+                for k, tree in zip(group.keys, group.trees, strict=True)
             }
             per_name = {}
             for name, s in held["steps"].items():
@@ -216,4 +235,4 @@ def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, whe
         elif parts:  # keys of one group are in order already; across groups, as `key_order` says
             merged = concat(parts)
             ordered = sorted(merged, key=rank.__getitem__)
-            yield e, merged._select(ordered, dict(zip(ordered, ordered)))
+            yield e, merged._select(ordered, dict(zip(ordered, ordered, strict=True)))

@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Callable
 
 import jax
+import jax.core
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
@@ -115,11 +116,13 @@ def _lowering(ctx, *args, callback, batch_ndim, ordered, guarded, chained):
         run = lambda *a: tuple(_run(callback, batch_ndim, True, a))  # noqa: E731
         return _compat.lower_callback_with_results(ctx, run, args)
     lower = mlir.lower_fun(_debug_lowering, multiple_results=True)
-    return lower(ctx, *args, callback=callback, batch_ndim=batch_ndim, ordered=ordered, guarded=guarded, chained=chained)
+    return lower(
+        ctx, *args, callback=callback, batch_ndim=batch_ndim, ordered=ordered, guarded=guarded, chained=chained
+    )
 
 
 # Not cached: like io_callback's, each call site holds its own Python callback.
-mlir.register_lowering(host_call_p, _lowering, cacheable=False)
+_compat.register_lowering(host_call_p, _lowering, cacheable=False)
 
 
 def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded, chained):
@@ -132,12 +135,13 @@ def _batch(axis_size, args, dims, *, callback, batch_ndim, ordered, guarded, cha
     # Batch axes go in front, in the order vmaps are applied (outermost first).
     moved = [
         jax.numpy.broadcast_to(x, (axis_size, *x.shape)) if d is None else jax.numpy.moveaxis(x, d, 0)
-        for x, d in zip(args, dims)
+        for x, d in zip(args, dims, strict=True)
     ]
+    params = dict(callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded)
     if chained:  # the token is not one of the callback's arguments: no batch axis to tell it about
-        outs = host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded, chained=True)
+        outs = host_call_p.bind(*moved, **params, chained=True)
         return outs, [0]
-    host_call_p.bind(*moved, callback=callback, batch_ndim=batch_ndim + 1, ordered=ordered, guarded=guarded, chained=False)
+    host_call_p.bind(*moved, **params, chained=False)
     return [], []
 
 
@@ -171,7 +175,7 @@ def _hold_abstract_eval(token):
 
 
 chain_hold_p.def_impl(lambda token: [])
-mlir.register_lowering(chain_hold_p, lambda ctx, token: [])  # no code: it only marks the chain's end
+_compat.register_lowering(chain_hold_p, lambda ctx, token: [])  # no code: it only marks the chain's end
 
 
 def _hold_batch(axis_size, args, dims):

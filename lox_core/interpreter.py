@@ -28,7 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import weakref
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +96,8 @@ class Handler:
         raise NotImplementedError
 
     # --- state ---------------------------------------------------------------------
-    def fresh_state(self, like=None):
+    # The states, loop and branch plans of the hooks below are each handler's own: `Any`.
+    def fresh_state(self, like=None) -> Any:
         """A new state (None for a handler without one), taking the static
         parts of `like` (a state) if given."""
         return None
@@ -121,7 +122,7 @@ class Handler:
         """The static parts of the current state, for bodies traced later."""
         return self.fresh_state(self.state)
 
-    def carry(self):
+    def carry(self) -> Any:
         """The current state, to pass into a loop, branch or function."""
         return ()
 
@@ -129,7 +130,7 @@ class Handler:
         """Go on with the state a loop, branch or function returned."""
 
     # --- loops -----------------------------------------------------------------------
-    def enter_loop(self, loop: Loop):
+    def enter_loop(self, loop: Loop) -> Any:
         """Before a loop that holds selected logs; returns what `run_scan` and
         `exit_loop` need. A handler that cannot handle the loop raises here."""
         return None
@@ -148,11 +149,11 @@ class Handler:
         return None
 
     # --- branches --------------------------------------------------------------------
-    def enter_cond(self, branches):
+    def enter_cond(self, branches) -> Any:
         """Before a cond; returns a plan for `leave_branch` and `exit_cond`."""
         return None
 
-    def leave_branch(self, plan, branch: int):
+    def leave_branch(self, plan, branch: int) -> Any:
         """At the end of branch number `branch`: the state it returns."""
         return self.carry()
 
@@ -255,7 +256,7 @@ def _selected_sites(handler: Handler, eqn) -> list[Site]:
     else:
         subs = _compat.subjaxprs_of(eqn)
         if not subs:  # most equations: nothing inside
-            return subs
+            return []
         sites = [s for sub in subs for s in sites_in(sub)]
     return [s for s in sites if handler.selection.keys(s)]
 
@@ -278,9 +279,10 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         if not isinstance(v, _compat.DropVar):
             env[v] = x
 
-    for v, x in zip(jaxpr.constvars, consts):
+    # One value per variable, as `jax.core.eval_jaxpr` requires too.
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
         write(v, x)
-    for v, x in zip(jaxpr.invars, args):
+    for v, x in zip(jaxpr.invars, args, strict=True):
         write(v, x)
     # How often each variable is read (by equations and as an output): a run of
     # equations passes on only what is read after it, and the events `lox.log`
@@ -298,7 +300,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         counts = use_counts()
         return any(counts[v] for v in outvars)
 
-    collected: list[logdict] = []
+    collected: list[logdict | None] = []  # None: an equation that contributes no logs
     pending: list = []  # equations with nothing to handle, inlined as one run
     deferred: list = []  # logs wholly consumed by the handler, after that run
 
@@ -335,11 +337,13 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
                 raise NotImplementedError(
                     f"`{eqn.primitive.name}` contains lox.log calls ({selected_keys(handler, eqn)}) "
                     f"and lox does not know how to collect logs through it. Move the logs out of the "
-                    f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox issue tracker."
+                    f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox "
+                    "issue tracker."
                 )
             outs, new = rule(handler, eqn, invals, active)
         collected.append(new)
-        for v, x in zip(eqn.outvars, outs):
+        # Not strict: a log whose returned event nobody reads has no outputs (`outs` is empty).
+        for v, x in zip(eqn.outvars, outs, strict=False):
             write(v, x)
     flush()
     return [read(v) for v in jaxpr.outvars], concat([c for c in collected if c])
@@ -434,10 +438,11 @@ class Scan:
         def body(carry, x):
             carry, state = carry
             with continuing(handler, like, state):
-                token = _expansions.set((_compat.current_trace(), {}))
+                expansions: tuple = (_compat.current_trace(), {})
+                token = _expansions.set(expansions)
                 try:
                     outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, [*consts, *carry, *x], active)
-                    originals = _expansions.get()[1]
+                    originals = expansions[1]  # what `single_event` recorded on this trace
                 finally:
                     _expansions.reset(token)
                 if per_iteration:
@@ -452,10 +457,14 @@ class Scan:
             unique, where = unique_objects(leaves)
             squeeze = [leaf.shape[0] == 1 for leaf in unique]
             layout[:] = [tree, squeeze, where]
-            ys_logs = [(originals[id(u)][1] if id(u) in originals else u[0]) if sq else u for u, sq in zip(unique, squeeze)]
+            ys_logs = [
+                (originals[id(u)][1] if id(u) in originals else u[0]) if sq else u
+                for u, sq in zip(unique, squeeze, strict=True)
+            ]
             return new_carry, (outs[p.num_carry :], ys_logs, totals)
 
-        # With `xs` the scan takes its length from them (a symbolic dimension under `jax.export`, which `length=` refuses).
+        # With `xs` the scan takes its length from them (a symbolic dimension under `jax.export`, which
+        # `length=` refuses).
         (carry, state), (ys, unique, totals) = jax.lax.scan(
             body, (list(init), handler.carry()), xs, length=None if xs else length, reverse=p.reverse, unroll=p.unroll
         )
@@ -468,7 +477,7 @@ class Scan:
             x = jnp.flip(x, 0) if p.reverse else x
             return x if squeezed else x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
-        unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze)]
+        unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze, strict=True)]
         logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
         logs._totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
         return carry, ys, logs
@@ -516,14 +525,17 @@ def while_rule(handler, eqn, invals, active):
     def body_fun(carry):
         carry, state = carry
         with continuing(handler, like, state):
-            guard = active
+            guard, here = active, None
             if handler.uses_active or batched_pred:
                 # Under vmap, the elements whose own predicate is false are done: not active.
                 here = pred_fun(carry, DropAll())  # its logs were emitted by cond_fun
                 guard = here if active is None else jnp.logical_and(active, here)
             new = interpret(handler, p.body_jaxpr.jaxpr, p.body_jaxpr.consts, [*bconsts, *carry], guard)[0]
-            if batched_pred:
-                new = [jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c) for n, c in zip(new, carry)]
+            if batched_pred and here is not None:  # (`here` is always set when the predicate is batched)
+                new = [
+                    jnp.where(jnp.reshape(here, here.shape + (1,) * (jnp.ndim(n) - here.ndim)), n, c)
+                    for n, c in zip(new, carry, strict=True)
+                ]
             handler.end_iteration(guard)
             return new, handler.carry()
 
@@ -693,13 +705,16 @@ def shard_map_rule(handler, eqn, invals, active):
         inner_active, args = (args[0], args[1:]) if active is not None else (None, args)
         with continuing(handler, like, state):
             outs, logs = interpret(handler, p.jaxpr.jaxpr, p.jaxpr.consts, list(args), inner_active)
-            per_device = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry())
+            per_device = jax.tree_util.tree_map(
+                lambda x: jnp.reshape(x, (1,) * len(axes) + jnp.shape(x)), handler.carry()
+            )
             return outs, per_device
 
     in_specs = (*[replicated] * len(extra), *p.in_specs)
     out_specs = (list(p.out_specs), jax.sharding.PartitionSpec(*axes))
-    mapped = jax.shard_map(body, mesh=p.mesh, in_specs=in_specs, out_specs=out_specs,
-                           axis_names=set(p.manual_axes), check_vma=p.check_vma)
+    # (`Callable`: JAX 0.8 leaves the type of `shard_map`'s result to inference, which loses it.)
+    mapped: Callable = jax.shard_map(body, mesh=p.mesh, in_specs=in_specs, out_specs=out_specs,
+                                     axis_names=set(p.manual_axes), check_vma=p.check_vma)
     outs, per_device = mapped(*extra, *invals)
     # Every device made the same calls: any device's state (a token) will do as the next call's input.
     handler.resume(jax.tree_util.tree_map(lambda x: jnp.max(x, axis=tuple(range(len(axes)))), per_device))

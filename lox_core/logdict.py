@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Self
 
 import jax
 import jax.export
@@ -26,8 +26,9 @@ def event_count(value) -> int:
     return leaves[0].shape[0] if leaves else 0
 
 
-def _numpy_or_jax(*arrays):
-    """NumPy for host-side logs (tapped events, files), jax.numpy otherwise."""
+def _numpy_or_jax(*arrays) -> Any:
+    """NumPy for host-side logs (tapped events, files), jax.numpy otherwise.
+    (Typed `Any`: callers use the API the two modules share.)"""
     return np if all(isinstance(x, (np.ndarray, np.generic)) for x in arrays) else jnp
 
 
@@ -76,10 +77,13 @@ class logdict(dict):
     # dropped) event counts, for keys that had a limit: leaves of the pytree,
     # so that they stay right under `jax.vmap` and through scans.
     __slots__ = ("_steps", "_valid", "_totals")
+    _steps: dict[str, dict[str, Any]]
+    _valid: dict[str, Any]
+    _totals: dict[str, tuple]
 
     def __init__(
         self,
-        data: Mapping[str, Any] = (),
+        data: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),  # what `dict()` takes
         steps: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         valid: Mapping[str, Any] | None = None,
@@ -97,7 +101,7 @@ class logdict(dict):
                         for k in self if k in valid or k in dropped}
 
     @classmethod
-    def _trusted(cls, data: dict, steps: dict) -> "logdict":
+    def _trusted(cls, data: dict, steps: dict) -> Self:
         """A logdict that takes `data` and `steps` as they are (fresh dicts, no
         empty step names, no padding): for hot paths that build many small logdicts."""
         logs = cls.__new__(cls)
@@ -165,9 +169,11 @@ class logdict(dict):
                 )
         keep = {k: np.asarray(m) for k, m in self._valid.items()}
         cut = lambda key, x: np.asarray(x)[keep[key]] if key in keep else np.asarray(x)  # noqa: E731
-        data = {k: jax.tree_util.tree_map(lambda x: cut(k, x), v) for k, v in self.items()}
+        data = {k: jax.tree_util.tree_map(lambda x, k=k: cut(k, x), v) for k, v in self.items()}
         steps = {name: {k: cut(k, s) for k, s in per_key.items()} for name, per_key in self._steps.items()}
-        totals = {k: (np.asarray(event_count(data[k])), np.asarray(dropped)) for k, (_, dropped) in self._totals.items()}
+        totals = {
+            k: (np.asarray(event_count(data[k])), np.asarray(dropped)) for k, (_, dropped) in self._totals.items()
+        }
         return self._like(data, steps, valid={}, totals=totals)
 
     # --- steps ------------------------------------------------------------------
@@ -198,7 +204,7 @@ class logdict(dict):
             return NotImplemented
         return concat([self, other])
 
-    def __or__(self, other: logdict) -> logdict:
+    def __or__(self, other: dict) -> logdict:  # `dict` as in dict.__or__; other dicts: NotImplemented
         """Merge: keys of `other` replace those of `self`, with their steps."""
         if not isinstance(other, logdict):
             return NotImplemented
@@ -345,14 +351,15 @@ def _reduce_padded(logs: logdict, mode: str) -> logdict:
         else:
             at = events - 1 - xp.argmax(mask[::-1], axis=0)
 
-        def pick(x, at=at):
+        # This iteration's values bound as defaults (the closures run within the iteration anyway).
+        def pick(x, at=at, xp=xp):
             index = xp.reshape(at, (1, *at.shape) + (1,) * (x.ndim - 1 - at.ndim))
             return xp.take_along_axis(x, xp.broadcast_to(index, (1, *x.shape[1:])), axis=0)
 
-        def padded_mask(x, mask=mask):
+        def padded_mask(x, mask=mask, xp=xp):
             return xp.reshape(mask, mask.shape + (1,) * (x.ndim - mask.ndim))
 
-        def reduce_leaf(x):
+        def reduce_leaf(x, xp=xp, count=count):
             if mode in ("first", "last"):
                 return pick(x)
             m = padded_mask(x)
@@ -443,7 +450,10 @@ def concat(parts: Iterable[logdict]) -> logdict:
         if any(m is not None for m in masks):
             like = next(m for m in masks if m is not None)
             xp = _numpy_or_jax(like)
-            masks = [m if m is not None else xp.ones((event_count(p[key]), *like.shape[1:]), bool) for m, p in zip(masks, held)]
+            masks = [
+                m if m is not None else xp.ones((event_count(p[key]), *like.shape[1:]), bool)
+                for m, p in zip(masks, held, strict=True)
+            ]
             valid[key] = _concat(masks)
         if any(key in p._totals for p in held):
             recorded = [p.count[key] for p in held]
@@ -453,8 +463,9 @@ def concat(parts: Iterable[logdict]) -> logdict:
             have = [p._steps.get(name, {}).get(key) for p in held]
             like = next(h for h in have if h is not None)
             filled = [
-                h if h is not None else _numpy_or_jax(like).full((event_count(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
-                for h, p in zip(have, held)
+                h if h is not None
+                else _numpy_or_jax(like).full((event_count(p[key]),) + like.shape[1:], NO_STEP, like.dtype)
+                for h, p in zip(have, held, strict=True)
             ]
             steps.setdefault(name, {})[key] = _concat(filled)
     steps = {name: steps[name] for name in order if name in steps}
@@ -467,7 +478,8 @@ def _check_same_structure(key: str, values: list) -> None:
         a, b = jax.tree_util.tree_structure(first), jax.tree_util.tree_structure(other)
         if a != b:
             raise ValueError(f"key {key!r} was logged with different structures: {a} and {b}.")
-        for x, y in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(other)):
+        # Same structure (checked above): as many leaves.
+        for x, y in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(other), strict=True):
             if x.shape[1:] != y.shape[1:] or x.dtype != y.dtype:
                 raise ValueError(
                     f"key {key!r} was logged with different shapes or dtypes: "
@@ -508,13 +520,13 @@ jax.tree_util.register_pytree_node(logdict, _flatten, _unflatten)
 
 
 # `jax.export` serializes a program's output pytree: a logdict's static part
-# (keys, step names, padded keys) as JSON.
-def _serialize_aux(aux) -> bytes:
-    return json.dumps(aux).encode()
+# (keys, step names, padded keys) as JSON. (Parameters named as JAX 0.8 types them.)
+def _serialize_aux(aux_data) -> bytes:
+    return json.dumps(aux_data).encode()
 
 
-def _deserialize_aux(data: bytes):
-    keys, step_index, valid, totals = json.loads(data)
+def _deserialize_aux(serialized_aux_data: bytes):
+    keys, step_index, valid, totals = json.loads(serialized_aux_data)
     return tuple(keys), tuple(tuple(pair) for pair in step_index), tuple(valid), tuple(totals)
 
 

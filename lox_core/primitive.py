@@ -14,6 +14,7 @@ import sys
 from typing import Any, Iterable, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
@@ -45,7 +46,7 @@ class Site(NamedTuple):
         """Operands → (values by key, step scalars by name)."""
         operands = list(operands)
         values, i = {}, 0
-        for key, tree in zip(self.keys, self.trees):
+        for key, tree in zip(self.keys, self.trees, strict=True):
             if tree == _LEAF:
                 values[key] = operands[i]
                 i += 1
@@ -53,7 +54,7 @@ class Site(NamedTuple):
                 n = tree.num_leaves
                 values[key] = jax.tree_util.tree_unflatten(tree, operands[i : i + n])
                 i += n
-        return values, dict(zip(self.step_names, operands[i:]))
+        return values, dict(zip(self.step_names, operands[i:], strict=True))  # the rest: one per step name
 
 
 _LEAF = jax.tree_util.tree_structure(0)
@@ -108,7 +109,8 @@ def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, pref
     outs = log_p.bind(*flat, *step_values, **site._asdict())
     # The outputs already carry the event axis.
     values, step_events = site.split(outs)
-    return logdict._trusted(values, {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {})
+    per_name = {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {}
+    return logdict._trusted(values, per_name)
 
 
 def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
@@ -179,8 +181,9 @@ def _check_step(name: str, value):
             f"`lox.log` step {name!r} must be an integer scalar, got {value!r}. "
             f"Pass a Python int or an integer array, e.g. `{name}=i`."
         )
-    if getattr(value, "shape", ()) != ():
-        raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(value.shape)}.")
+    shape = getattr(value, "shape", ())
+    if shape != ():
+        raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(shape)}.")
     if dtype == _step_dtype() and isinstance(value, (jax.core.Tracer, jax.Array)) and not _weak(value):
         return value
     return jnp.asarray(value, dtype=_step_dtype())
@@ -233,7 +236,7 @@ def _batch(size, args, dims, **params):
     # (events, *batch, *value_shape) and every step is (events, *batch).
     args = [
         jnp.broadcast_to(x, (size, *jnp.shape(x))) if d is None else jnp.moveaxis(x, d, 0)
-        for x, d in zip(args, dims)
+        for x, d in zip(args, dims, strict=True)
     ]
     params = dict(params, batch_ndim=params["batch_ndim"] + 1)
     params["in_select"] = params["in_select"] or batching_cond_into_select()

@@ -30,7 +30,7 @@ def emit_run(eqns: list, read, write, exported) -> None:
     if not _compat.is_staging(trace):
         for eqn in eqns:
             outs = _compat.bind_equation(eqn, [read(v) for v in eqn.invars])
-            for v, x in zip(eqn.outvars, outs):
+            for v, x in zip(eqn.outvars, outs, strict=True):  # one value per output, as in `eval_jaxpr`
                 write(v, x)
         return
     defined: set = set()
@@ -49,5 +49,5 @@ def emit_run(eqns: list, read, write, exported) -> None:
         outs = _compat.bind_jit(_compat.ClosedJaxpr(segment, ()), args)
     else:
         outs = _compat.inline_into_trace(trace, segment, args)
-    for v, x in zip(outvars, outs):
+    for v, x in zip(outvars, outs, strict=True):
         write(v, x)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Callable, Iterable
-
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.export
@@ -107,11 +106,18 @@ def _plain(logs: logdict) -> logdict:
     return logs._like(dict(logs), logs.steps)
 
 
+def _serialize_holes(aux_data) -> bytes:  # (parameters named as JAX 0.8 types them)
+    return json.dumps(aux_data).encode()
+
+
+def _deserialize_holes(serialized_aux_data: bytes):
+    return tuple((tuple(place), tuple(source)) for place, source in json.loads(serialized_aux_data))
+
+
 jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
 jax.export.register_pytree_node_serialization(
     _SharedOnce, serialized_name="lox.spooled_logdict",
-    serialize_auxdata=lambda holes: json.dumps(holes).encode(),
-    deserialize_auxdata=lambda data: tuple((tuple(place), tuple(source)) for place, source in json.loads(data)),
+    serialize_auxdata=_serialize_holes, deserialize_auxdata=_deserialize_holes,
 )
 
 
@@ -126,12 +132,12 @@ class SpoolHandler(Handler):
         self.selection = selection
         self.keep_logs = keep_logs
 
-    def on_log(self, site, values, steps, active):
+    def on_log(self, site, values, steps, active) -> logdict | None:  # None: a subclass buffers the event
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "spooled"))
         return event_logdict(values, steps, expand=single_event)
 
-    def enter_loop(self, loop):
+    def enter_loop(self, loop) -> Any:  # what a subclass's `exit_loop` needs
         if loop.length is None:
             raise ValueError(
                 f"`{self.name}` cannot collect logs ({selected_keys(self, loop.eqn)}) inside `jax.lax.while_loop` "

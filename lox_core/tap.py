@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import contextvars
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lox_core import buffer as buffering
 from lox_core.delivery import Delivery, print_event
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.interpreter import Handler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import logdict
-from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.options import TapOptions, positive_int, selection, string
+from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import Transformed, jitted, trace_and_interpret, traced
-
 
 # The value handed to each callback along with the event (`tap_with_context`),
 # set while the tapped function is traced.
@@ -104,14 +104,15 @@ class TapHandler(Handler):
         return "buffers"
 
     def run_scan(self, entered, scan, init, xs):
-        if entered is None:
+        buffer = self.buffer  # set whenever a loop was `entered`
+        if entered is None or buffer is None:
             return scan(init, xs)
         # A scan that logs a known number of events per iteration sends after
         # each chunk of about `buffer` events: no test in every iteration.
         per_iteration = buffering.appends(self.selection, scan.p.jaxpr.jaxpr, scans=self.state.collecting)
         if not per_iteration:  # a loop inside logs: as many events as it runs
             return scan(init, xs)
-        chunk = max(1, min(scan.length, self.buffer // sum(per_iteration.values())))
+        chunk = max(1, min(scan.length, buffer // sum(per_iteration.values())))
         carry, ys = buffering.in_chunks(self, scan, init, xs, chunk, lambda logs: self._end_chunk(logs, scan.active))
         return carry, ys, logdict()
 
@@ -310,7 +311,9 @@ def tap(
     ([[0, 1], [3, 6], [10]], [4])
     """
     if batched and callback is None:
-        raise TypeError("`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events.")
+        raise TypeError(
+            "`lox.tap(f, batched=True)` needs a callback that takes (event, took); the default prints single events."
+        )
     options = TapOptions(selection(argnames, tags), callback or print_event, string("`lox.tap` prefix", prefix),
                          bool(batched), _check_buffer(buffer, batched))
     handler = TapHandler(options)
@@ -347,7 +350,7 @@ def _check_buffer(buffer, batched: bool) -> int | None:
 
 def tap_with_context(
     fun: Callable,
-    callback: Callable[[logdict, object], None],
+    callback: Callable[[int, logdict, Any, np.ndarray], None],
     *,
     argnames: Iterable[str] | None = None,
     tags: Iterable[str] | None = None,

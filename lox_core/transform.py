@@ -5,14 +5,16 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.core
 import numpy as np
 
 from lox_core import arguments
 from lox_core.interpreter import Handler, interpret
 from lox_core.logdict import logdict
+from lox_core.options import NologOptions, SpoolOptions, TapOptions
 
 
 def traced(tree) -> bool:
@@ -45,7 +47,7 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
 
     def flat_fun(*dynamic_leaves):
         filled = list(leaves)
-        for i, x in zip(dynamic, dynamic_leaves):
+        for i, x in zip(dynamic, dynamic_leaves, strict=True):  # traced with one leaf per index
             filled[i] = x
         copy = jax.tree_util.tree_unflatten(tree, filled)
         if shared:  # one object where the caller's arguments hold one object
@@ -88,7 +90,10 @@ def static_arguments(fun: Callable, static_argnums=(), static_argnames=()) -> di
     spelled out here, from `fun`'s signature.
     """
     argnums = () if static_argnums is None else tuple(np.atleast_1d(static_argnums).tolist())
-    argnames = () if static_argnames is None else (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    if static_argnames is None:
+        argnames = ()
+    else:
+        argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     if not argnums and not argnames:  # the common case: no signature to read (`lox.spool(f)` may be made every step)
         return {"static_argnums": (), "static_argnames": ()}
     try:
@@ -151,7 +156,14 @@ def shifted(argnums: tuple, leading: int) -> tuple:
     return tuple(i + leading if i >= 0 else i for i in argnums)
 
 
-def jitted(fun: Callable, options: Hashable, make_impl: Callable, static_argnums=(), static_argnames=(), leading: int = 0) -> Program:
+def jitted(
+    fun: Callable,
+    options: SpoolOptions | TapOptions | NologOptions,
+    make_impl: Callable,
+    static_argnums=(),
+    static_argnames=(),
+    leading: int = 0,
+) -> Program:
     """The `Program` of ``make_impl(get_fun)``, shared by every call with the same `fun` and `options`.
 
     `options` is the transform's frozen options dataclass (`lox_core.options`),
@@ -169,7 +181,8 @@ def jitted(fun: Callable, options: Hashable, make_impl: Callable, static_argnums
     try:
         hash(key)
         # The cache is bound now: at interpreter exit the module's globals may be gone when `fun` is collected.
-        ref = weakref.ref(fun, lambda _, i=id(fun), cache=_cache: cache.pop(i, None))
+        fun_id = id(fun)
+        ref = weakref.ref(fun, lambda _, i=fun_id, cache=_cache: cache.pop(i, None))
     except TypeError:  # not weak-referenceable, or an unhashable option: no sharing
         return make(lambda: fun)
     entry = _cache.get(id(fun))
@@ -199,8 +212,10 @@ class Transformed:
         self._call = call
         self._lowered = lowered or call
         # `fun`'s static arguments, as its program read them; `call` takes `leading` arguments before `fun`'s.
-        self._static = {"static_argnums": shifted(program.static_argnums, leading),
-                        "static_argnames": program.static_argnames}
+        self._static: dict[str, Any] = {
+            "static_argnums": shifted(program.static_argnums, leading),
+            "static_argnames": program.static_argnames,
+        }
 
     def __call__(self, *args, **kwargs):
         return self._call(*args, **kwargs)

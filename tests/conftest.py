@@ -10,11 +10,11 @@ import os
 
 DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
+    os.environ["XLA_FLAGS"] = flags.strip()
 
 import pytest  # noqa: E402
 import wandb  # noqa: E402
-
 from mlflow_server import CLIENT_ENV, MlflowServer  # noqa: E402
 
 

@@ -22,7 +22,7 @@ def assert_logs_equal(got, want, *, rtol: float = 0.0, ordered: bool = True, dty
     assert (list(got) if ordered else sorted(got)) == (list(want) if ordered else sorted(want))
     for key in want:
         assert jax.tree_util.tree_structure(got[key]) == jax.tree_util.tree_structure(want[key]), key
-        for g, w in zip(jax.tree_util.tree_leaves(got[key]), jax.tree_util.tree_leaves(want[key])):
+        for g, w in zip(jax.tree_util.tree_leaves(got[key]), jax.tree_util.tree_leaves(want[key]), strict=True):
             g, w = np.asarray(g), np.asarray(w)
             if dtypes:
                 assert g.dtype == w.dtype, (key, g.dtype, w.dtype)

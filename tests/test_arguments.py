@@ -99,7 +99,9 @@ def test_returning_a_non_pytree_object_that_holds_a_traced_array_is_refused():
         lox.log({"x": x})
         return Result(x * 2)
 
-    with pytest.raises(TypeError, match=r"returned a `Result` whose attribute `loss` holds a traced array.*register_dataclass"):
+    with pytest.raises(
+        TypeError, match=r"returned a `Result` whose attribute `loss` holds a traced array.*register_dataclass"
+    ):
         lox.spool(f)(jnp.float32(1.0))
 
 
@@ -115,7 +117,9 @@ def test_a_traced_value_stored_in_a_static_object_is_refused_and_undone():
         return x
 
     counter = Counter()
-    with pytest.raises(ValueError, match=r"stored a traced value in `.total` of the `Counter` `counter`.*Register its class"):
+    with pytest.raises(
+        ValueError, match=r"stored a traced value in `.total` of the `Counter` `counter`.*Register its class"
+    ):
         lox.spool(f)(counter, jnp.float32(1.0))
     assert counter.total == 0.0
 
@@ -127,7 +131,9 @@ class Accumulator:
         self.count = count
 
 
-jax.tree_util.register_pytree_node(Accumulator, lambda a: ((a.count,), None), lambda _, children: Accumulator(*children))
+jax.tree_util.register_pytree_node(
+    Accumulator, lambda a: ((a.count,), None), lambda _, children: Accumulator(*children)
+)
 
 
 def test_a_mutable_node_without_keys_is_updated_in_place():
@@ -159,7 +165,9 @@ def test_a_change_inside_an_immutable_argument_is_refused_naming_it():
         return x
 
     frozen = Frozen(jnp.float32(1.0))
-    with pytest.raises(ValueError, match=r"changed at `frozen.value`: every object on the way from the argument `frozen`"):
+    with pytest.raises(
+        ValueError, match=r"changed at `frozen.value`: every object on the way from the argument `frozen`"
+    ):
         lox.spool(sneaky)(frozen, jnp.float32(1.0))
     assert float(frozen.value) == 1.0
 

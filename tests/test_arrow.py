@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lox
-from lox_core.arrow import RESERVED, from_arrow, to_arrow
+from lox_core import schema
+from lox_core.arrow import RESERVED, from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
 
 DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
           np.complex64]
@@ -125,6 +126,57 @@ def test_plain_string_columns_interleaved_rows_and_chunks_read_back(logs):
     assert_same_logs(logs, from_arrow(table))
 
 
+# --- many runs at once (vmapped seeds): against one run at a time -------------------------------
+def _runs_of(logs, count, rng):
+    """`count` runs with the structure of `logs` and values of their own (steps shared)."""
+    return [lox.logdict({k: rng.permutation(np.asarray(v)) for k, v in logs.items()}, logs.steps) for _ in range(count)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(logdicts(), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_to_arrow_runs_gives_each_run_the_table_to_arrow_gives_it(logs, count, seed):
+    runs = _runs_of(logs, count, np.random.default_rng(seed))
+    names = [f"seed-{i}" for i in range(count)]
+    batched = lox.logdict({k: np.stack([np.asarray(r[k]) for r in runs]) for k in logs},
+                          {n: {k: np.stack([np.asarray(s)] * count) for k, s in per_key.items()}
+                           for n, per_key in logs.steps.items()})
+    table, offsets = to_arrow_runs(batched, names, batch_ndim=1)
+    assert offsets.tolist() == [i * table.num_rows // count for i in range(count + 1)]
+    for i, (name, run) in enumerate(zip(names, runs, strict=True)):
+        want = schema.order_by_step(to_arrow(run, run=name))
+        got = table.slice(offsets[i], offsets[i + 1] - offsets[i])
+        assert got.column("run").to_pylist() == [name] * want.num_rows
+        assert got.schema.equals(want.schema, check_metadata=True) and got.num_rows == want.num_rows
+        for column in want.column_names[1:]:  # rows in the same order
+            if column == "value":  # NaNs compare equal
+                assert got.column(column).is_valid().equals(want.column(column).is_valid())
+                np.testing.assert_array_equal(got.column(column).to_numpy(zero_copy_only=False),
+                                              want.column(column).to_numpy(zero_copy_only=False))
+            else:
+                assert got.column(column).to_pylist() == want.column(column).to_pylist(), column
+        assert_same_logs(from_arrow(got), from_arrow(want))
+
+
+@settings(max_examples=80, deadline=None)
+@given(logdicts(), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_from_arrow_runs_gives_each_run_what_from_arrow_gives_it(logs, count, seed):
+    rng = np.random.default_rng(seed)
+    tables = [schema.order_by_step(to_arrow(r, run=f"r{i}")) for i, r in enumerate(_runs_of(logs, count, rng))]
+    # The runs' rows interleaved at random, each run's in its order.
+    sizes = [t.num_rows for t in tables]
+    starts, taken = np.concatenate([[0], np.cumsum(sizes)]), [0] * count
+    rows = []
+    for i in rng.permutation(np.repeat(np.arange(count), sizes)):
+        rows.append(starts[i] + taken[i])
+        taken[i] += 1
+    table = pa.concat_tables(tables).take(pa.array(rows, pa.int64()))
+    got = from_arrow_runs(table)
+    present = [f"r{i}" for i in range(count) if tables[i].num_rows]
+    assert sorted(got) == sorted(present)
+    for run in present:
+        assert_same_logs(from_arrow(table, run=run), got[run])
+
+
 def test_empty_logdict_and_empty_series_round_trip():
     empty = lox.logdict()
     assert to_arrow(empty).num_rows == 0
@@ -225,14 +277,6 @@ def test_schema_columns_types_order_and_metadata():
     assert to_arrow(logs).column("run").to_pylist() == [None] * 4
 
 
-def test_import_lox_does_not_import_pyarrow():
-    import subprocess
-    import sys
-
-    code = "import sys, lox; print('pyarrow' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
-
-
 # --- other readers ----------------------------------------------------------------------------
 @pytest.fixture
 def parquet_file(tmp_path):
@@ -275,8 +319,8 @@ def test_duckdb_reads_the_parquet_file(parquet_file):
 
 
 def test_tables_from_polars_and_duckdb_read_back(tmp_path):
-    import polars as pl
     import duckdb
+    import polars as pl
     logs = lox.logdict(
         {"loss": np.array([1.5, 0.5], np.float32), "v": np.arange(6, dtype=np.int64).reshape(2, 3)},
         steps={"step": {"loss": np.array([3, 4]), "v": np.array([3, lox.NO_STEP])}},

@@ -26,10 +26,13 @@ def test_plain_lines_show_the_latest_value_of_each_key_grouped_by_step():
     backend.stream = io.StringIO()
     run = hooks.RunInfo("r", "train-0", "g")
     backend.open_run(run)
-    backend.write_batch(run, batch([0, 1, 2], [3.0, 2.0, 1.5]))
-    backend.write_event(run, event(3, val_loss=0.25))
+    backend.write(run, batch([0, 1, 2], [3.0, 2.0, 1.5]))
+    backend.write(run, event(3, val_loss=0.25).to_arrow(run=run.run_id))
     lines = backend.stream.getvalue().splitlines()
-    assert lines == ["[train-0] [step=2] loss=1.5 w=[array]", "[train-0] [step=2] loss=1.5 w=[array] [step=3] val_loss=0.25"]
+    assert lines == [
+        "[train-0] [step=2] loss=1.5 w=[array]",
+        "[train-0] [step=2] loss=1.5 w=[array] [step=3] val_loss=0.25",
+    ]
 
 
 def test_plain_lines_are_rate_limited_and_the_last_values_shown_at_close():
@@ -38,7 +41,7 @@ def test_plain_lines_are_rate_limited_and_the_last_values_shown_at_close():
     run = hooks.RunInfo("r", "fast", "g")
     backend.open_run(run)
     for step in range(100):
-        backend.write_event(run, event(step, loss=float(step)))
+        backend.write(run, event(step, loss=float(step)).to_arrow(run=run.run_id))
     assert backend.stream.getvalue().count("\n") == 1  # the first event only, then throttled
     backend.close_run(run)
     assert backend.stream.getvalue().splitlines()[-1] == "[fast] [step=99] loss=99"
@@ -53,7 +56,7 @@ def test_live_table_on_a_terminal_has_a_row_per_run():
     runs = [hooks.RunInfo(f"r{i}", f"seed-{i}", "g", i) for i in range(2)]
     for i, run in enumerate(runs):
         backend.open_run(run)
-        backend.write_batch(run, batch([0, 1], [1.0 + i, 0.5 + i], run=run.run_id))
+        backend.write(run, batch([0, 1], [1.0 + i, 0.5 + i], run=run.run_id))
     backend.close()
     shown = backend.stream.getvalue()
     for text in ("run", "step", "loss", "seed-0", "seed-1", "0.5", "1.5", "[array]"):
@@ -69,7 +72,7 @@ def test_close_shows_throttled_values_of_unfinished_runs():
     backend.stream = io.StringIO()
     run = hooks.RunInfo("r", "never-finished", "g")
     backend.open_run(run)
-    backend.write_event(run, event(0, loss=1.0))
-    backend.write_event(run, event(1, loss=0.5))  # throttled
+    backend.write(run, event(0, loss=1.0).to_arrow(run=run.run_id))
+    backend.write(run, event(1, loss=0.5).to_arrow(run=run.run_id))  # throttled
     backend.close()
     assert backend.stream.getvalue().splitlines()[-1] == "[never-finished] [step=1] loss=0.5"

@@ -59,12 +59,14 @@ def reference():
 def assert_same_arrays(got, want):
     got, want = eqx.filter(got, eqx.is_array), eqx.filter(want, eqx.is_array)
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
 def assert_same_values(got, want):
-    np.testing.assert_allclose([(g["loss"], g["grad_norm"]) for g in got], [(w["loss"], w["grad_norm"]) for w in want], rtol=1e-6)
+    np.testing.assert_allclose(
+        [(g["loss"], g["grad_norm"]) for g in got], [(w["loss"], w["grad_norm"]) for w in want], rtol=1e-6
+    )
 
 
 FORMS = {

@@ -62,12 +62,15 @@ def logged_step(model, opt, x, y):
 def state(*objects):
     """Every Variable's value (keys as their data), as NumPy arrays."""
     leaves = jax.tree_util.tree_leaves(nnx.state(objects))
-    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x) for x in leaves]
+    return [
+        np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        for x in leaves
+    ]
 
 
 def assert_same_state(got, want):
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
@@ -84,14 +87,18 @@ def reference(steps=STEPS):
 
 
 def spooled_values(logs_list):
-    return [{"loss": float(logs["loss"][0]), "grad_norm": float(logs["grad_norm"][0]), "step": int(logs.step["loss"][0])}
-            for logs in logs_list]
+    return [
+        {"loss": float(logs["loss"][0]), "grad_norm": float(logs["grad_norm"][0]), "step": int(logs.step["loss"][0])}
+        for logs in logs_list
+    ]
 
 
 def assert_same_values(got, want):
     """Per step: the same step exactly, the same loss and gradient norm."""
     assert [g["step"] for g in got] == [w["step"] for w in want]
-    np.testing.assert_allclose([(g["loss"], g["grad_norm"]) for g in got], [(w["loss"], w["grad_norm"]) for w in want], rtol=1e-6)
+    np.testing.assert_allclose(
+        [(g["loss"], g["grad_norm"]) for g in got], [(w["loss"], w["grad_norm"]) for w in want], rtol=1e-6
+    )
 
 
 FORMS = {
@@ -237,7 +244,9 @@ def test_a_step_that_changes_the_model_s_structure_is_refused_naming_the_argumen
         lox.log({"x": x.sum()})
         return x
 
-    with pytest.raises(ValueError, match=r"argument `model`: it added `model\.extra`.*outside the function, before calling it"):
+    with pytest.raises(
+        ValueError, match=r"argument `model`: it added `model\.extra`.*outside the function, before calling it"
+    ):
         lox.spool(adds_a_variable)(model, x)
     assert not hasattr(model, "extra")
 
@@ -245,7 +254,10 @@ def test_a_step_that_changes_the_model_s_structure_is_refused_naming_the_argumen
         model.eval()  # a static flag of the dropout and batch norm layers
         return model(x)
 
-    with pytest.raises(ValueError, match=r"argument `model`: it changed a static \(non-array\) attribute of `model\.drop`.*before calling it"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument `model`: it changed a static \(non-array\) attribute of `model\.drop`.*before calling it",
+    ):
         lox.tap(switches_to_eval, print)(model, x)
 
 

@@ -84,7 +84,8 @@ def test_merge_filter_prefix_slice():
     a = lox.logdict({"x": jnp.arange(4), "y": jnp.ones(4)}, {"step": {"x": jnp.arange(4), "y": jnp.arange(4)}})
     b = lox.logdict({"y": jnp.zeros(2)}, {"epoch": {"y": jnp.array([5, 6])}})
     merged = a | b
-    assert merged["y"].tolist() == [0, 0] and merged.step_names("y") == ["epoch"] and merged.step["x"].tolist() == [0, 1, 2, 3]
+    assert merged["y"].tolist() == [0, 0] and merged.step_names("y") == ["epoch"]
+    assert merged.step["x"].tolist() == [0, 1, 2, 3]
     assert list(a.filter(lambda k, v: k == "x")) == ["x"]
     assert list(a.prefix("train/")) == ["train/x", "train/y"] and "train/x" in a.prefix("train/").step
     sliced = a.slice[1::2]
@@ -100,11 +101,13 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"unknown reduce mode 'median': use one of mean, sum, min, max, first, last"):
         a.reduce("median")
     with pytest.raises(AttributeError, match=r"no step named 'episode'; its step names are \[\]"):
-        a.episode
+        _ = a.episode
 
 
 def test_repr_shows_keys_shapes_and_step_names():
-    logs = lox.logdict({"loss": jnp.zeros(10), "w": {"k": jnp.zeros((10, 3), jnp.int32)}}, {"step": {"loss": jnp.arange(10)}})
+    logs = lox.logdict(
+        {"loss": jnp.zeros(10), "w": {"k": jnp.zeros((10, 3), jnp.int32)}}, {"step": {"loss": jnp.arange(10)}}
+    )
     assert repr(logs) == "logdict({\n  'loss': float32[10]  steps: step,\n  'w': {'k': 'int32[10,3]'}\n})"
     assert repr(lox.logdict()) == "logdict({})"
 

@@ -5,6 +5,7 @@ outage and a killed process (`lox sync`)."""
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,15 +17,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_server import CLIENT_ENV, MlflowServer, free_port
 
 import lox
 from lox_backends import cli, hooks
-from lox_backends.parquet import ParquetBackend
-import lox_backends.logger
 from lox_backends.logger import BackendError
+from lox_backends.parquet import ParquetBackend
 from lox_backends.tracker import SentRecord, SyncError, sync
 from lox_core.arrow import from_arrow
-from mlflow_server import CLIENT_ENV, MlflowServer, free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 4
@@ -108,7 +108,7 @@ def test_seeds_become_runs_with_every_value_once(mlflow_server, tmp_path, monkey
     # The local log the runs were sent from reads back the same.
     local = lox.load(tmp_path / "lox-runs")
     assert len(local) == 3
-    for logs, w0 in zip(local.values(), w0s):
+    for logs, w0 in zip(local.values(), w0s, strict=True):  # one run per seed
         assert logs["loss"].tolist() == [v for _, _, v, _ in expected(w0, 3)]
 
 
@@ -173,7 +173,9 @@ def test_two_parquet_backends_on_one_folder_are_refused(tmp_path):
 
 
 def test_unknown_option_is_refused():
-    with pytest.raises(ValueError, match=r"the mlflow backend has no option 'project'; its options are: experiment .*local"):
+    with pytest.raises(
+        ValueError, match=r"the mlflow backend has no option 'project'; its options are: experiment .*local"
+    ):
         lox.loggers.from_config("mlflow:sqlite:///x.db?project=p")
 
 
@@ -327,7 +329,11 @@ def test_a_refused_batch_is_skipped_with_a_warning_not_retried_forever(mlflow_se
         logger.finish(state, timeout=30)
     messages = [str(w.message) for w in caught]
     assert any(
-        re.search(r"refused batch-000000-[0-9a-f]{8}\.parquet of run 'deleted' \(RestException: INVALID_PARAMETER_VALUE.*deleted", m)
+        re.search(
+            r"refused batch-000000-[0-9a-f]{8}\.parquet of run 'deleted' "
+            r"\(RestException: INVALID_PARAMETER_VALUE.*deleted",
+            m,
+        )
         and "What it refused stays in" in m and "lox goes on without retrying it" in m
         for m in messages
     ), messages
@@ -351,7 +357,8 @@ def test_a_run_the_tracker_refuses_to_open_is_warned_about_once(mlflow_server, t
     logger.finish(state, timeout=60)
     messages = [str(w.message) for w in recwarn]
     refused = [m for m in messages if "refused to open run 'nowhere'" in m]
-    assert len(refused) == 1 and "RestException" in refused[0] and "must be in the 'active' state" in refused[0], messages
+    assert len(refused) == 1, messages
+    assert "RestException" in refused[0] and "must be in the 'active' state" in refused[0], messages
     assert not any("were not sent within" in m for m in messages), messages
     (logs,) = lox.load(tmp_path / "lox-runs").values()
     assert logs["loss"].shape == (2 * STEPS_PER_EPOCH,)
@@ -433,13 +440,14 @@ def test_a_password_in_the_uri_never_shows(tmp_path, monkeypatch, recwarn):
     messages = [str(w.message) for w in recwarn]
     assert any("were not sent within 2 s" in m for m in messages), messages
     assert not any("s3cretPW" in m for m in messages), messages
-    logger._writer.stop(wait=False)  # nothing to wait for at exit: the server never existed
+    logger._stop()  # nothing to wait for at exit: the server never existed
     for backend in logger.backends:
         backend._sender.put(("shutdown", None, None))
-    lox_backends.logger._live_loggers.discard(logger)
 
-    result = subprocess.run([sys.executable, "-m", "lox_backends.cli", "sync", "lox-runs", "--to", spec[: spec.index("?")]],
-                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-m", "lox_backends.cli", "sync", "lox-runs", "--to", spec[: spec.index("?")]],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 1 and "could not be synced" in result.stderr, result.stderr
     assert "s3cretPW" not in result.stdout + result.stderr
 
@@ -491,3 +499,22 @@ def test_complex_scalars_go_to_the_artifacts_with_the_arrays(tmp_path, monkeypat
     (path,) = pathlib.Path(folder).glob("*.parquet")
     back = from_arrow(pq.read_table(path))
     assert list(back) == ["z"] and back["z"].tolist() == z.tolist() and back.step["z"].tolist() == [0, 1]
+
+
+def test_lox_sync_sends_runs_written_by_lox_0_1(tmp_path, monkeypatch):
+    """Run folders of the older layout (each holding its own batch files) are sent as they are."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    shutil.copytree(pathlib.Path(__file__).parent / "data" / "lox-0.1-runs", tmp_path / "runs")
+    spec = f"mlflow:sqlite:///{tmp_path}/m.db?experiment=old"
+    done = sync(str(tmp_path / "runs"), spec)
+    assert [(pathlib.Path(folder).name, files, rows) for folder, files, rows in done] == [
+        ("old-0", 2, 12), ("old-1", 2, 12)]  # two batch files of 3 steps x (loss + w) each
+    runs = runs_by_name(MlflowClient(f"sqlite:///{tmp_path}/m.db"), "old")
+    for r in range(2):
+        run = runs[f"old-{r}"]
+        assert history(MlflowClient(f"sqlite:///{tmp_path}/m.db"), run.info.run_id, "loss") == [
+            (s, s * 0.5 + r) for s in range(6)]
+        assert run.data.params["lr"] == str(0.1 * (r + 1)) and run.info.status == "FINISHED"
+    assert [files for _, files, _ in sync(str(tmp_path / "runs"), spec)] == [0, 0]  # sent once

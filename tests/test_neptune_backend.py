@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from neptune_records import offline_runs
 
 import lox
-from lox_backends import cli, tracker
+from lox_backends import cli, store, tracker
 from lox_backends.neptune import NeptuneBackend, custom_run_id
 from lox_core.logdict import concat
-from neptune_records import offline_runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SPEC = "neptune:ws/proj?mode=offline"
@@ -33,7 +33,8 @@ def sent_records(run_folder):
 
 
 def batch_files(run_folder):
-    return sorted(pathlib.Path(run_folder).glob("batch-*.parquet"))
+    """The batch files holding rows of a run (its group's shared files)."""
+    return store.run_files(str(run_folder))
 
 
 # --- seeds, steps, arrays ------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_seeds_become_offline_runs_with_every_value_once_in_bulk(neptune_env, ca
         # In bulk: one operation per series per batch file (Neptune splits at 100 values).
         assert len(neptune_run.of_type("LogFloats")) == 3 * len(files)
         # Each batch's values carry its file's timestamp, so a re-send is identical.
-        times = {pq.read_schema(f).metadata[b"lox.time_ms"] for f in files}
+        times = {pq.read_schema(f.path).metadata[b"lox.time_ms"] for f in files}
         assert {int(ts * 1000 + 0.5) for ts in neptune_run.timestamps("metrics/loss")} == {int(t) for t in times}
         # Arrays: one Parquet file per batch file, in lox's schema.
         arrays = neptune_run.arrays()
@@ -199,7 +200,7 @@ def test_a_killed_run_is_completed_by_lox_sync_once(neptune_env, capsys):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    (folder,) = (neptune_env / "lox-runs").iterdir()
+    (folder,) = [p for p in (neptune_env / "lox-runs").iterdir() if (p / "_run.json").exists()]
     assert len(batch_files(folder)) == 5  # every flush is on disk
     assert len([r for r in sent_records(folder) if "file" in r]) == 2  # two reached Neptune
 

@@ -93,7 +93,9 @@ def test_apply_if_finite_logs_only_the_updates_it_applies():
         if i != 2:
             norms.append(float(jnp.linalg.norm(g)))
             w = w - 0.1 * g
-    np.testing.assert_allclose([float(logs.trim()["update_norm"][0]) for logs in results if logs.count["update_norm"]], norms, rtol=1e-6)
+    np.testing.assert_allclose(
+        [float(logs.trim()["update_norm"][0]) for logs in results if logs.count["update_norm"]], norms, rtol=1e-6
+    )
 
 
 def test_multi_steps_that_skip_a_step_log_the_steps_they_accumulate():
@@ -116,7 +118,9 @@ def test_multi_steps_that_skip_a_step_log_the_steps_they_accumulate():
         norms.append(float(jnp.linalg.norm(mean)))
         if len(window) == k:
             w, window = w - 0.1 * mean, []
-    np.testing.assert_allclose([float(logs["update_norm"][0]) for logs in results if logs.count["update_norm"]], norms, rtol=1e-5)
+    np.testing.assert_allclose(
+        [float(logs["update_norm"][0]) for logs in results if logs.count["update_norm"]], norms, rtol=1e-5
+    )
 
 
 def objective(w):

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from logs_testing import assert_logs_equal, event
 
 import lox
-from logs_testing import assert_logs_equal, event
 from lox_backends import hooks, parquet
 from lox_backends.parquet import ParquetBackend
 from lox_core.arrow import to_arrow
@@ -64,7 +65,7 @@ def test_batches_round_trip_with_values_dtypes_and_steps(tmp_path):
     backend, run = open_run(tmp_path)
     parts = [make_logs(0, 5), make_logs(5, 3)]
     for part in parts:
-        backend.write_batch(run, to_arrow(part, run=run.run_id))
+        backend.write(run, to_arrow(part, run=run.run_id))
     backend.flush()
     assert_logs_equal(parquet.load(tmp_path / "run-0"), concat(parts))
     backend.close_run(run)
@@ -83,12 +84,12 @@ def test_a_spooled_and_a_tapped_training_loop_round_trip(tmp_path):
 
     _, spooled = lox.spool(train)(jnp.ones(3))
     backend, run = open_run(tmp_path, "spooled")
-    backend.write_batch(run, to_arrow(spooled, run=run.run_id))
+    backend.write(run, to_arrow(spooled, run=run.run_id))
     backend.close_run(run)
     assert_logs_equal(parquet.load(tmp_path / "spooled"), spooled)
 
     tap_backend, tap_run = open_run(tmp_path, "tapped")
-    jax.block_until_ready(lox.tap(train, lambda e: tap_backend.write_event(tap_run, e))(jnp.ones(3)))
+    jax.block_until_ready(lox.tap(train, lambda e: tap_backend.write(tap_run, to_arrow(e, run="tapped")))(jnp.ones(3)))
     tap_backend.close_run(tap_run)
     tapped = parquet.load(tmp_path / "tapped")
     np.testing.assert_allclose(tapped["loss"], spooled["loss"], rtol=1e-6)
@@ -101,19 +102,16 @@ def test_batches_and_events_keep_arrival_order(tmp_path):
     writes = [make_logs(0, 2), event(2, loss=np.float32(1.0)), event(3, loss=np.float32(1.5)),
               make_logs(4, 2), event(6, loss=np.float32(3.0))]
     for w in writes:
-        if len(w["loss"]) == 1:
-            backend.write_event(run, w)
-        else:
-            backend.write_batch(run, to_arrow(w, run=run.run_id))
+        backend.write(run, to_arrow(w, run=run.run_id))
     backend.flush()
     logs = parquet.load(tmp_path / "run-0")
     np.testing.assert_array_equal(logs.step["loss"], [0, 1, 2, 3, 4, 5, 6])
     np.testing.assert_array_equal(logs["loss"], concat(writes)["loss"])
     np.testing.assert_array_equal(logs.step["w"], [0, 1, 4, 5])
     # Everything waits for the flush, which writes it as one file, in arrival order.
-    batches = sorted(p.name for p in (tmp_path / "run-0").glob("batch-*.parquet"))
+    batches = sorted(p.name for p in (tmp_path / "g.batches").glob("batch-*.parquet"))
     assert [int(name.split("-")[1]) for name in batches] == [0]
-    assert pq.read_table(tmp_path / "run-0" / batches[0]).num_rows == 15
+    assert pq.read_table(tmp_path / "g.batches" / batches[0]).num_rows == 15
 
 
 def test_one_file_per_flush_or_per_rows_per_file(tmp_path):
@@ -121,21 +119,21 @@ def test_one_file_per_flush_or_per_rows_per_file(tmp_path):
     run = hooks.RunInfo("r", name="r", group="g")
     backend.open_run(run)
     for i in range(5):
-        backend.write_batch(run, to_arrow(make_logs(2 * i, 2), run="r"))  # 6 rows each
-    assert len(list((tmp_path / "r").glob("batch-*.parquet"))) == 2  # 12 rows waited twice
+        backend.write(run, to_arrow(make_logs(2 * i, 2), run="r"))  # 6 rows each
+    assert len(list((tmp_path / "g.batches").glob("batch-*.parquet"))) == 2  # 12 rows waited twice
     backend.flush()
-    files = sorted((tmp_path / "r").glob("batch-*.parquet"))
+    files = sorted((tmp_path / "g.batches").glob("batch-*.parquet"))
     assert [pq.read_table(f).num_rows for f in files] == [12, 12, 6]
     np.testing.assert_array_equal(parquet.load(tmp_path / "r").step["loss"], np.arange(10))
 
 
 def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
     backend, run = open_run(tmp_path)
-    backend.write_batch(run, to_arrow(lox.logdict(), run=run.run_id))
-    assert not list((tmp_path / "run-0").glob("batch-*"))
+    backend.write(run, to_arrow(lox.logdict(), run=run.run_id))
+    assert not list(tmp_path.rglob("batch-*"))
     empty = lox.logdict({"x": np.zeros((0, 2), np.float32)}, steps={"step": {"x": np.zeros(0, np.int32)}})
-    backend.write_batch(run, to_arrow(empty, run=run.run_id))
-    backend.write_batch(run, to_arrow(make_logs(0, 2), run=run.run_id))
+    backend.write(run, to_arrow(empty, run=run.run_id))
+    backend.write(run, to_arrow(make_logs(0, 2), run=run.run_id))
     backend.close_run(run)
     loaded = parquet.load(tmp_path / "run-0")
     assert list(loaded) == ["x", "loss", "w", "count"] and loaded["x"].shape == (0, 2)
@@ -143,8 +141,8 @@ def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
 
 def test_events_are_written_on_flush_not_before(tmp_path):
     backend, run = open_run(tmp_path)
-    backend.write_event(run, event(0, loss=1.0))
-    assert not list((tmp_path / "run-0").glob("batch-*"))
+    backend.write(run, to_arrow(event(0, loss=1.0), run=run.run_id))
+    assert not list(tmp_path.rglob("batch-*"))
     assert parquet.load(tmp_path / "run-0") == {}
     backend.flush()
     assert parquet.load(tmp_path / "run-0")["loss"].tolist() == [1.0]
@@ -172,7 +170,7 @@ def test_run_json_records_the_run_and_its_status(tmp_path):
 def test_runs_and_load_order_runs_by_creation_time(tmp_path):
     for run_id in ["zeta", "alpha", "mid"]:
         backend, run = open_run(tmp_path, run_id)
-        backend.write_event(run, event(0, x=float(len(run_id))))
+        backend.write(run, to_arrow(event(0, x=float(len(run_id))), run=run.run_id))
         backend.close_run(run)
         time.sleep(0.01)
     assert [r["run_id"] for r in parquet.runs(tmp_path)] == ["zeta", "alpha", "mid"]
@@ -192,7 +190,7 @@ def test_default_folder_is_lox_runs_in_the_current_directory(tmp_path, monkeypat
 # --- what is on disk ---------------------------------------------------------------
 def test_hidden_temp_files_and_strangers_are_ignored(tmp_path):
     backend, run = open_run(tmp_path)
-    backend.write_batch(run, to_arrow(make_logs(0, 3), run=run.run_id))
+    backend.write(run, to_arrow(make_logs(0, 3), run=run.run_id))
     backend.close_run(run)
     folder = tmp_path / "run-0"
     (folder / ".batch-000001-0123abcd.parquet.tmp").write_bytes(b"PAR1 half a file")
@@ -211,13 +209,13 @@ def test_keys_are_data_never_paths(tmp_path):
     keys = ["../../x", "a/b", "/abs", "..", "c\\d"]
     logs = lox.logdict({k: np.arange(3.0) + i for i, k in enumerate(keys)},
                        steps={"step": {k: np.arange(3) for k in keys}})
-    backend.write_batch(run, to_arrow(logs, run=run.run_id))
-    backend.write_event(run, event(3, **{"../../x": 9.0, "a/b": 9.0}))
+    backend.write(run, to_arrow(logs, run=run.run_id))
+    backend.write(run, to_arrow(event(3, **{"../../x": 9.0, "a/b": 9.0}), run=run.run_id))
     backend.close_run(run)
     tree = files_under(tmp_path)
-    assert all(f.startswith("runs/run-0/") for f in tree), tree
-    names = [f.removeprefix("runs/run-0/") for f in tree]
-    assert all(n == "_run.json" or re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet", n) for n in names), names
+    assert "runs/run-0/_run.json" in tree
+    batches = [f.removeprefix("runs/g.batches/") for f in tree if f != "runs/run-0/_run.json"]
+    assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet", n) for n in batches), tree
     loaded = parquet.load(root / "run-0")
     assert sorted(loaded) == sorted(keys)
     assert loaded["../../x"].tolist() == [0.0, 1.0, 2.0, 9.0]
@@ -231,30 +229,31 @@ def test_other_parquet_readers_see_the_same_values(tmp_path):
     backend, run = open_run(tmp_path)
     parts = [make_logs(0, 4), make_logs(4, 4)]
     for part in parts:
-        backend.write_batch(run, to_arrow(part, run=run.run_id))
+        backend.write(run, to_arrow(part, run=run.run_id))
     backend.close_run(run)
-    folder = tmp_path / "run-0"
+    folder = tmp_path / "g.batches"
     files = sorted(str(p) for p in folder.glob("batch-*.parquet"))
     want = [(float(s), float(s) * 0.5) for s in range(8)]
 
     frame = pd.read_parquet(files)
     loss = frame[frame["key"] == "loss"].sort_values("step")
-    assert list(zip(loss["step"].astype(float), loss["value"])) == want
+    assert list(zip(loss["step"].astype(float), loss["value"], strict=True)) == want
     assert set(frame["run"].astype(str)) == {"run-0"}
 
     frame = pl.read_parquet(str(folder / "batch-*.parquet"))
     loss = frame.filter(pl.col("key").cast(pl.Utf8) == "loss").sort("step")
-    assert list(zip(loss["step"].cast(pl.Float64), loss["value"])) == want
+    assert list(zip(loss["step"].cast(pl.Float64), loss["value"], strict=True)) == want
 
     rows = duckdb.sql(
         f"SELECT step, value FROM read_parquet('{folder}/batch-*.parquet') WHERE key = 'loss' ORDER BY step"
     ).fetchall()
     assert [(float(s), v) for s, v in rows] == want
 
-    # Whole folders too: a run's folder, and the folder of all runs (the metadata
-    # file starts with "_", which Parquet dataset readers skip).
-    frame = pd.read_parquet(folder)
-    assert sorted(zip(frame[frame["key"] == "loss"]["step"].astype(float), frame[frame["key"] == "loss"]["value"])) == want
+    # Whole folders too: the group's batches, and the folder of all runs, filtered to one
+    # run (its _run.json starts with "_", which Parquet dataset readers skip).
+    frame = pd.read_parquet(tmp_path, filters=[("run", "==", "run-0")])
+    loss = frame[frame["key"] == "loss"]
+    assert sorted(zip(loss["step"].astype(float), loss["value"], strict=True)) == want
     import pyarrow.dataset as ds
 
     assert ds.dataset(str(tmp_path), format="parquet").to_table().num_rows == sum(to_arrow(p).num_rows for p in parts)
@@ -279,7 +278,7 @@ while not os.path.exists(go):
 for i in range(20):
     step = np.arange(offset + 3 * i, offset + 3 * i + 3)
     logs = logdict({"loss": step * 1.0}, steps={"step": {"loss": step}})
-    backend.write_batch(run, to_arrow(logs, run=run_id))
+    backend.write(run, to_arrow(logs, run=run_id))
     if i % 5 == 4:
         backend.flush()
 backend.close_run(run)
@@ -329,7 +328,7 @@ def test_two_processes_writing_one_run_lose_nothing(tmp_path):
     procs = start_writers(root, tmp_path / "go", [("shared", 0), ("shared", 1000)])
     for proc in procs:
         finish(proc)
-    assert len(list((root / "shared").glob("batch-*.parquet"))) == 8  # 4 flushes per writer
+    assert len(list((root / "g.batches").glob("batch-*.parquet"))) == 8  # 4 flushes per writer
     steps = parquet.load(root / "shared").step["loss"]
     np.testing.assert_array_equal(np.sort(steps), np.concatenate([np.arange(60), 1000 + np.arange(60)]))
 
@@ -351,7 +350,7 @@ while True:
     step = np.arange(N * i, N * (i + 1))
     w = np.stack([step, step + 1, step + 2], axis=1).astype(np.float32)
     logs = logdict({"loss": step * 0.25, "w": w}, steps={"step": {"loss": step, "w": step}})
-    backend.write_batch(run, to_arrow(logs, run="crash"))
+    backend.write(run, to_arrow(logs, run="crash"))
     backend.flush()
     print(i, flush=True)
     i += 1
@@ -372,7 +371,7 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
         proc.wait()
     assert confirmed == list(range(len(confirmed)))
     folder = tmp_path / "crash"
-    for path in folder.glob("batch-*.parquet"):
+    for path in (tmp_path / "g.batches").glob("batch-*.parquet"):
         pq.read_table(path)  # every visible file is whole
     logs = parquet.load(folder)
     n = len(logs["loss"])
@@ -387,7 +386,7 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
 @pytest.mark.parametrize("run_id", ["../evil", "a/b", "..", "", ".hidden", "a\\b", "x/../../y"])
 def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path, run_id):
     backend = ParquetBackend(str(tmp_path / "runs"))
-    with pytest.raises(ValueError, match="cannot be a run folder name"):
+    with pytest.raises(ValueError, match="run_id .* cannot be a folder name"):
         backend.open_run(hooks.RunInfo(run_id, name="n", group="g"))
     assert files_under(tmp_path) == []
 
@@ -405,9 +404,9 @@ def test_load_says_what_it_expected(tmp_path):
 
 def test_a_damaged_batch_file_is_named(tmp_path):
     backend, run = open_run(tmp_path)
-    backend.write_batch(run, to_arrow(make_logs(0, 3), run=run.run_id))
+    backend.write(run, to_arrow(make_logs(0, 3), run=run.run_id))
     backend.close_run(run)
-    (tmp_path / "run-0" / "batch-000001-00000000.parquet").write_bytes(b"")
+    (tmp_path / "g.batches" / "batch-000001-00000000.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="cannot read .*batch-000001-00000000.parquet.*move it out"):
         parquet.load(tmp_path / "run-0")
 
@@ -420,9 +419,9 @@ def test_unknown_options_are_refused():
 def test_compression_option(tmp_path):
     backend = ParquetBackend(str(tmp_path), {"compression": "zstd"})
     run = hooks.RunInfo("r", name="r", group="g")
-    backend.write_batch(run, to_arrow(make_logs(0, 3), run="r"))  # also: no open_run needed
+    backend.write(run, to_arrow(make_logs(0, 3), run="r"))  # also: no open_run needed
     backend.flush()
-    path = next((tmp_path / "r").glob("batch-*.parquet"))
+    path = next((tmp_path / "g.batches").glob("batch-*.parquet"))
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
     assert parquet.runs(tmp_path)[0]["status"] == "running"
 
@@ -436,16 +435,91 @@ def test_the_plugin_offers_the_backend_and_imports_cheaply():
     manager.register(parquet)
     (spec,) = [s for specs in manager.hook.lox_backends() for s in specs]
     assert spec.name == "parquet" and spec.load() is ParquetBackend and spec.missing() == []
-    probe = "import sys, lox_backends.parquet; print(sorted({'pyarrow', 'jax'} & set(sys.modules)))"
-    out, err = run_python(probe).communicate(timeout=60)
-    assert out == "[]\n", err
 
 
-def test_a_part_that_cannot_be_converted_is_reported_and_the_rest_written(tmp_path):
+def test_every_table_is_kept_even_one_lox_load_cannot_join(tmp_path):
     backend, run = open_run(tmp_path)
-    backend.write_batch(run, to_arrow(make_logs(0, 2), run=run.run_id))
-    backend.write_event(run, event(2, loss=np.float32(1.0)))
-    backend.write_event(run, event(3, loss=np.float64(1.0)))  # same key, other dtype: cannot be one table
-    with pytest.raises(ValueError, match="'loss'"):
+    backend.write(run, to_arrow(make_logs(0, 2), run=run.run_id))
+    backend.write(run, to_arrow(event(2, loss=np.float32(1.0)), run=run.run_id))
+    backend.write(run, to_arrow(event(3, loss=np.float64(1.0)), run=run.run_id))  # same key, other dtype
+    backend.flush()
+    rows = pq.read_table(tmp_path / "g.batches").to_pydict()
+    assert [(k, s) for k, s in zip(rows["key"], rows["step"], strict=True) if k == "loss"] == [
+        ("loss", 0), ("loss", 1), ("loss", 2), ("loss", 3)]
+    with pytest.raises(ValueError, match="'loss'"):  # a logdict cannot hold both dtypes of a key
+        parquet.load(tmp_path / "run-0")
+
+
+# --- the layout: one file per flush for every run of a group; runs written by lox 0.1 ------------
+OLD_RUNS = pathlib.Path(__file__).parent / "data" / "lox-0.1-runs"  # written by lox 0.1's parquet backend
+
+
+def old_run(r):
+    """What tests/data/lox-0.1-runs/old-R holds, by hand (two flushes of steps 0-2 and 3-5)."""
+    step = np.arange(6)
+    return lox.logdict({"loss": (step * 0.5 + r).astype(np.float32),
+                        "w": np.stack([step, -step], axis=1).astype(np.float64) + r},
+                       steps={"step": {"loss": step, "w": step}})
+
+
+def test_runs_written_by_lox_0_1_still_load_and_read_with_other_readers(tmp_path):
+    import pandas as pd
+
+    shutil.copytree(OLD_RUNS, tmp_path / "runs")
+    loaded = parquet.load(tmp_path / "runs")
+    assert list(loaded) == ["old-0", "old-1"]
+    for r in range(2):
+        assert_logs_equal(loaded[f"old-{r}"], old_run(r))
+        assert_logs_equal(parquet.load(tmp_path / "runs" / f"old-{r}"), old_run(r))
+    assert [info["metadata"]["lr"] for info in parquet.runs(tmp_path / "runs")] == [0.1, 0.2]
+    frame = pd.read_parquet(tmp_path / "runs", filters=[("run", "==", "old-1")])
+    assert sorted(frame[frame["key"] == "loss"]["value"]) == (np.arange(6) * 0.5 + 1).tolist()
+
+
+def test_the_runs_of_a_group_share_one_file_per_flush(tmp_path):
+    import pandas as pd
+
+    backend = ParquetBackend(str(tmp_path))
+    runs = [hooks.RunInfo(f"seed-{i}", name=f"seed-{i}", group="sweep", index=i) for i in range(64)]
+    want = {run.run_id: [] for run in runs}
+    for flush in range(3):
+        for i, run in enumerate(runs):
+            if flush == 0:
+                backend.open_run(run)
+            for part in (make_logs(4 * flush, 2), make_logs(4 * flush + 2, 2)):
+                logs = part.map_series(lambda x, i=i: x + i)
+                want[run.run_id].append(logs)
+                backend.write(run, to_arrow(logs, run=run.run_id))
         backend.flush()
-    assert parquet.load(tmp_path / "run-0").step["loss"].tolist() == [0, 1]  # the batch was written
+    for run in runs:
+        backend.close_run(run)
+    files = sorted((tmp_path / "sweep.batches").glob("batch-*.parquet"))
+    assert len(files) == 3  # one per flush, however many runs
+    assert sorted(os.listdir(tmp_path / "seed-0")) == ["_run.json"]
+    loaded = parquet.load(tmp_path)
+    assert list(loaded) == [run.run_id for run in runs]
+    for run in runs:
+        assert_logs_equal(loaded[run.run_id], concat(want[run.run_id]))
+    assert_logs_equal(parquet.load(tmp_path / "seed-63"), concat(want["seed-63"]))
+    frame = pd.read_parquet(tmp_path, filters=[("run", "==", "seed-5"), ("key", "==", "count")])
+    assert sorted(frame["value"]) == [float(s + 5) for s in range(12)]
+
+
+def test_old_and_new_runs_side_by_side_and_an_old_run_continued(tmp_path):
+    shutil.copytree(OLD_RUNS, tmp_path / "runs")
+    backend = ParquetBackend(str(tmp_path / "runs"))
+    continued = hooks.RunInfo("old-0", name="old-0", group="old", index=0)
+    backend.open_run(continued)
+    more = lox.logdict({"loss": (np.arange(6, 8) * 0.5).astype(np.float32),
+                        "w": np.stack([np.arange(6, 8), -np.arange(6, 8)], axis=1).astype(np.float64)},
+                       steps={"step": {"loss": np.arange(6, 8), "w": np.arange(6, 8)}})
+    backend.write(continued, to_arrow(more, run="old-0"))
+    new, new_logs = hooks.RunInfo("new-0", name="new-0", group="new"), make_logs(0, 3)
+    backend.open_run(new)
+    backend.write(new, to_arrow(new_logs, run="new-0"))
+    backend.close()
+    loaded = parquet.load(tmp_path / "runs")
+    assert sorted(loaded) == ["new-0", "old-0", "old-1"]
+    assert_logs_equal(loaded["old-0"], concat([old_run(0), more]))  # its old files first, then the new
+    assert_logs_equal(loaded["old-1"], old_run(1))
+    assert_logs_equal(loaded["new-0"], new_logs)

@@ -35,7 +35,11 @@ def test_prefix_renames_keys():
         (lambda: lox.log({"s": np.array(["a", "b"])}), TypeError, r"dtype <U1 for key 's'"),
         (lambda: lox.log({"x": 1.0}, step=1.5), TypeError, r"step 'step' must be an integer scalar, got 1.5"),
         (lambda: lox.log({"x": 1.0}, step=True), TypeError, r"step 'step' must be an integer scalar"),
-        (lambda: lox.log({"x": 1.0}, epoch=jnp.arange(2)), ValueError, r"step 'epoch' must be a scalar, got shape \(2,\)"),
+        (
+            lambda: lox.log({"x": 1.0}, epoch=jnp.arange(2)),
+            ValueError,
+            r"step 'epoch' must be a scalar, got shape \(2,\)",
+        ),
         (lambda: lox.log({"x": 1.0}, tags=["a", 2]), TypeError, r"tags must be strings, got 2"),
     ],
 )

@@ -3,9 +3,7 @@
 import pathlib
 import re
 
-import jax.numpy as jnp
 from mlflow.tracking import MlflowClient
-
 from neptune_records import offline_runs as neptune_runs
 from wandb_records import offline_runs as wandb_runs
 

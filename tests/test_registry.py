@@ -11,7 +11,7 @@ import pytest
 import lox
 from lox_backends import hooks
 from lox_backends.config import BackendConfig
-from lox_backends.registry import BackendNotFound, BackendUnavailable, PluginConflict, Registry, registry
+from lox_backends.registry import BackendNotFound, BackendUnavailable, Registry, registry
 
 
 def test_builtin_backends_are_entry_points_of_our_own_package():
@@ -37,16 +37,23 @@ def test_trackers_name_their_extra_and_import_nothing_until_used(tracker):
 def test_import_lox_loads_no_plugin():
     code = (
         "import sys, lox; from lox_backends.registry import registry; "
-        "print(registry.loaded, any(m in sys.modules for m in ('lox_backends.memory', 'pyarrow')))"
+        "print(registry.loaded, any(m in sys.modules for m in ('lox_backends.memory', 'lox_backends.mlflow')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
-    code = "import lox; from lox_backends.registry import registry; lox.loggers.from_config('memory'); print(registry.loaded)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+    code = (
+        "import lox; from lox_backends.registry import registry; lox.loggers.from_config('memory'); "
+        "print(registry.loaded)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
 
 
 def test_unknown_backend_lists_the_installed_ones_and_suggests():
-    with pytest.raises(BackendNotFound, match=r"unknown lox backend 'parqet'.*Did you mean 'parquet'\?.*Installed backends: .*console.*memory.*parquet"):
+    with pytest.raises(
+        BackendNotFound,
+        match=r"unknown lox backend 'parqet'.*Did you mean 'parquet'\?.*Installed backends: .*console.*memory.*parquet",
+    ):
         lox.loggers.from_config("console,parqet:runs")
 
 
@@ -54,11 +61,18 @@ def test_missing_extra_names_the_pip_command():
     class Plugin:
         @hooks.hookimpl
         def lox_backends(self):
-            return [hooks.BackendSpec("needs-x", "nowhere:Backend", requires=("lox_no_such_module",), install="pip install 'jax-lox[x]'")]
+            return [
+                hooks.BackendSpec(
+                    "needs-x", "nowhere:Backend", requires=("lox_no_such_module",), install="pip install 'jax-lox[x]'"
+                )
+            ]
 
     fresh = Registry()
     fresh.register(Plugin(), name="needs-x-plugin")
-    with pytest.raises(BackendUnavailable, match=r"'needs-x' needs lox_no_such_module, which is not installed: run `pip install 'jax-lox\[x\]'`"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"'needs-x' needs lox_no_such_module, which is not installed: run `pip install 'jax-lox\[x\]'`",
+    ):
         fresh.create(BackendConfig("needs-x"))
 
 
@@ -117,7 +131,8 @@ def test_autoload_can_be_turned_off_for_third_party_plugins(tmp_path):
     off = _run(code, tmp_path, LOX_DISABLE_PLUGIN_AUTOLOAD="1")
     assert "unknown lox backend 'extra-one'" in off.stderr
     # lox's own backends stay available.
-    assert _run("import lox; lox.loggers.from_config('memory'); print('ok')", tmp_path, LOX_DISABLE_PLUGIN_AUTOLOAD="1").stdout.strip() == "ok"
+    builtin = "import lox; lox.loggers.from_config('memory'); print('ok')"
+    assert _run(builtin, tmp_path, LOX_DISABLE_PLUGIN_AUTOLOAD="1").stdout.strip() == "ok"
 
 
 def test_named_logger_constructors_exist_for_every_backend(tmp_path):

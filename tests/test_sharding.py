@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DEVICES
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lox
-from conftest import DEVICES
 
 STEPS = 3
 
@@ -131,7 +131,9 @@ def test_inside_shard_map_each_device_logs_its_own_block(mesh):
         out = lox.tap(mapped, events.append)(x)
         np.testing.assert_allclose(out, 2 * np.asarray(x))
         np.testing.assert_allclose(lox.nolog(mapped)(x), 2 * np.asarray(x))
-        with pytest.raises(ValueError, match=r"cannot collect logs \(keys 'block', 'device_sum'\) from inside `jax.shard_map`"):
+        with pytest.raises(
+            ValueError, match=r"cannot collect logs \(keys 'block', 'device_sum'\) from inside `jax.shard_map`"
+        ):
             lox.spool(mapped)(x)
     assert len(events) == DEVICES
     blocks = sorted(e["block"][0].tolist() for e in events)

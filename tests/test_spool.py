@@ -228,7 +228,9 @@ def test_interval_reduce_and_prefix():
     xs = jnp.arange(10.0)
     _, logs = lox.spool(f, interval=3)(xs)
     assert_series(logs, "x", xs[::3], {"step": [0, 3, 6, 9]})
-    for mode, ref in [("mean", xs.mean()), ("sum", xs.sum()), ("min", 0.0), ("max", 9.0), ("first", 0.0), ("last", 9.0)]:
+    for mode, ref in [
+        ("mean", xs.mean()), ("sum", xs.sum()), ("min", 0.0), ("max", 9.0), ("first", 0.0), ("last", 9.0)
+    ]:
         _, logs = lox.spool(f, reduce=mode)(xs)
         assert_series(logs, "x", [ref])
     _, logs = lox.spool(f, prefix="train/", reduce="last")(xs)
@@ -449,7 +451,9 @@ def test_branches_that_log_a_key_with_different_shapes_raise_naming_key_and_bran
             x > 0, lambda x: (lox.log({"a": x}), x)[1], lambda x: (lox.log({"a": jnp.stack([x, x])}), x)[1], x
         )
 
-    with pytest.raises(ValueError, match=r"log key 'a' differently: branch 0 logs float32\[2\], branch 1 logs float32\[\]"):
+    with pytest.raises(
+        ValueError, match=r"log key 'a' differently: branch 0 logs float32\[2\], branch 1 logs float32\[\]"
+    ):
         lox.spool(g)(1.0)
 
 
@@ -726,7 +730,9 @@ def test_unknown_higher_order_primitive_with_logs_raises_naming_it():
 
         return jax.lax.custom_linear_solve(matvec, b, lambda mv, b: b / 2.0)
 
-    with pytest.raises(NotImplementedError, match=r"`custom_linear_solve` contains lox.log calls \(keys 'mv'\).*lox.nolog"):
+    with pytest.raises(
+        NotImplementedError, match=r"`custom_linear_solve` contains lox.log calls \(keys 'mv'\).*lox.nolog"
+    ):
         lox.spool(f)(jnp.ones(2))
 
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from logs_testing import assert_logs_equal, logs_of_events
 
 import lox
-from logs_testing import assert_logs_equal, logs_of_events
 from lox_core.logdict import concat
 
 
@@ -78,7 +78,9 @@ def test_fori_loop_with_traced_bounds():
 
         return jax.lax.fori_loop(0, n, body, 0)
 
-    with pytest.raises(ValueError, match=r"`lox.spool` cannot collect logs \(keys 'total'\) inside `jax.lax.while_loop`"):
+    with pytest.raises(
+        ValueError, match=r"`lox.spool` cannot collect logs \(keys 'total'\) inside `jax.lax.while_loop`"
+    ):
         lox.spool(f)(5)
     out, logs = lox.spool(f, max_events=8)(5)
     assert int(out) == 10
@@ -172,7 +174,9 @@ def test_scanned_while_loops_with_conds_nested_loops_and_custom_rules_keep_the_e
     assert logs["n"].shape == (4 * max_events + 4,)
     assert logs["start"].shape == (4,) and "start" not in logs.valid
     if max_events == 64:  # 27 takes 111 steps: its first 64 are kept
-        kept = np.concatenate([collatz_by_hand(27)[:64], [-27], collatz_by_hand(6), [-6], [-1], collatz_by_hand(7), [-7]])
+        kept = np.concatenate(
+            [collatz_by_hand(27)[:64], [-27], collatz_by_hand(6), [-6], [-1], collatz_by_hand(7), [-7]]
+        )
         np.testing.assert_array_equal(trimmed["n"], kept)
         assert int(logs.dropped["n"]) == 111 - 64
         assert int(logs.count["n"]) == len(kept)
@@ -184,7 +188,7 @@ def test_vmap_outside_a_scan_of_while_loops_with_conds_matches_each_element_alon
     for e in range(2):
         total, alone = lox.spool(program, max_events=64)(ns[e])
         assert int(totals[e]) == int(total)
-        mine = jax.tree_util.tree_map(lambda x: x[e], logs)
+        mine = jax.tree_util.tree_map(lambda x, e=e: x[e], logs)
         for key in alone:
             np.testing.assert_array_equal(mine.trim()[key], alone.trim()[key], err_msg=key)
             np.testing.assert_array_equal(mine.count[key], alone.count[key], err_msg=key)
@@ -230,7 +234,9 @@ def test_vmap_inside_the_spool_masks_each_element():
     for e, n in enumerate([27, 7, 6]):
         mask = np.asarray(logs.valid["n"][:, e])
         np.testing.assert_array_equal(np.asarray(logs["n"][:, e])[mask], collatz_by_hand(n)[:50])
-    with pytest.raises(ValueError, match=r"logdict.trim: key 'n' has padding per `jax.vmap` element \(mask of shape \(50, 3\)\)"):
+    with pytest.raises(
+        ValueError, match=r"logdict.trim: key 'n' has padding per `jax.vmap` element \(mask of shape \(50, 3\)\)"
+    ):
         logs.trim()
     with pytest.raises(ValueError, match=r"to_arrow: key 'n' has padding per `jax.vmap` element"):
         logs.to_arrow()
@@ -295,7 +301,10 @@ def test_logger_writes_each_seed_s_recorded_events_and_warns_about_dropped_ones(
     ns = jnp.array([27, 7, 6])
     runs = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
     jax.vmap(lambda run, n: logger.spool(collatz, run, max_events=64)(n))(runs, ns)
-    with pytest.warns(RuntimeWarning, match=r"events did not fit in the buffer of a spooled `while_loop` and were dropped \(47 of .n., 47 of .odd.\)"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"events did not fit in the buffer of a spooled `while_loop` and were dropped \(47 of .n., 47 of .odd.\)",
+    ):
         logger.finish(runs)
     logger.close()
     saved = lox.load(str(tmp_path))
@@ -327,7 +336,9 @@ def test_logdict_algebra_keeps_padding_and_totals():
     import pickle
 
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(both)).valid["n"], both.valid["n"])
-    plain = lox.logdict({"n": np.array([5], np.int32), "odd": np.array([True])}, {"step": {"n": np.array([0], np.int32)}})
+    plain = lox.logdict(
+        {"n": np.array([5], np.int32), "odd": np.array([True])}, {"step": {"n": np.array([0], np.int32)}}
+    )
     mixed = plain + a
     np.testing.assert_array_equal(mixed.valid["n"], [True] * 9)
     assert int(mixed.count["n"]) == 9 and int(mixed.dropped["n"]) == 8
@@ -335,7 +346,9 @@ def test_logdict_algebra_keeps_padding_and_totals():
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
 def test_max_events_must_be_a_positive_integer(bad):
-    with pytest.raises(ValueError, match=r"`lox.spool` max_events must be an integer >= 1 \(events kept per key and loop\), got"):
+    with pytest.raises(
+        ValueError, match=r"`lox.spool` max_events must be an integer >= 1 \(events kept per key and loop\), got"
+    ):
         lox.spool(collatz, max_events=bad)
 
 
@@ -366,7 +379,9 @@ def test_a_key_with_two_shapes_in_a_loop_is_refused():
 
         return jax.lax.while_loop(lambda i: i < n, body, 0)
 
-    with pytest.raises(ValueError, match=r"max_events=N\)`: key 'k' is logged as int32\[\] and as int32\[2\] in a bounded loop"):
+    with pytest.raises(
+        ValueError, match=r"max_events=N\)`: key 'k' is logged as int32\[\] and as int32\[2\] in a bounded loop"
+    ):
         lox.spool(f, max_events=8)(3)
 
 
@@ -399,7 +414,9 @@ def test_a_cond_that_vmap_turns_into_a_select_is_refused_inside_a_bounded_loop()
 
         return jax.lax.while_loop(lambda carry: carry[0] < n, body, (0, 0.0))[1]
 
-    with pytest.raises(ValueError, match=r"lox.log of 'pos' sits in a `jax.lax.cond`/`switch` whose predicate is batched"):
+    with pytest.raises(
+        ValueError, match=r"lox.log of 'pos' sits in a `jax.lax.cond`/`switch` whose predicate is batched"
+    ):
         lox.spool(jax.vmap(f, (0, None)), max_events=5)(jnp.array([1.0, -1.0]), 3)
     # Applied outside, each element spools the branch it took.
     _, logs = jax.vmap(lox.spool(f, max_events=5), (0, None))(jnp.array([1.0, -1.0]), 3)

@@ -2,11 +2,11 @@
 
 import jax
 import jax.numpy as jnp
+import logs_testing as shared
 import numpy as np
 import pytest
 
 import lox
-import logs_testing as shared
 from lox_core.logdict import concat
 
 
@@ -320,10 +320,13 @@ def test_batched_tap_under_vmap_is_one_callback_per_event_holding_every_element(
         assert took.shape == (8,) and took.all()
         per_element = single[n * 8 : (n + 1) * 8]
         for key in event:
-            for leaves in zip(jax.tree_util.tree_leaves(event[key]), *(jax.tree_util.tree_leaves(e[key]) for e in per_element)):
+            per_element_leaves = (jax.tree_util.tree_leaves(e[key]) for e in per_element)
+            for leaves in zip(jax.tree_util.tree_leaves(event[key]), *per_element_leaves, strict=True):
                 np.testing.assert_array_equal(leaves[0], np.stack(leaves[1:]))
             for name in event.step_names(key):
-                np.testing.assert_array_equal(event.steps[name][key], np.stack([e.steps[name][key] for e in per_element]))
+                np.testing.assert_array_equal(
+                    event.steps[name][key], np.stack([e.steps[name][key] for e in per_element])
+                )
 
 
 def test_batched_tap_says_which_elements_took_the_branch():

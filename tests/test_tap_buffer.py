@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from logs_testing import assert_logs_equal, logs_of_events
 
 import lox
-from logs_testing import assert_logs_equal, logs_of_events
 from lox_core.logdict import concat
 
 
@@ -285,7 +285,9 @@ def test_a_while_loop_with_a_batched_predicate_inside_the_tap_is_refused():
 
         return jax.lax.while_loop(lambda i: i < n, body, 0)
 
-    with pytest.raises(NotImplementedError, match=r"batched by `jax.vmap`, so its elements stop at different iterations"):
+    with pytest.raises(
+        NotImplementedError, match=r"batched by `jax.vmap`, so its elements stop at different iterations"
+    ):
         lox.tap(jax.vmap(f), print, buffer=4)(jnp.array([2, 3]))
     blocks = []
     jax.vmap(lox.tap(f, blocks.append, buffer=4))(jnp.array([2, 3]))  # vmap outside works

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lox
-from conftest import DEVICES
 from lox_core.logdict import concat
 
 
@@ -145,7 +145,9 @@ def test_a_shard_map_inside_a_buffered_loop_is_refused(mesh):
     def f(x):
         return jax.lax.scan(lambda c, _: (sharded(c), None), x, None, length=3)[0]
 
-    with pytest.raises(NotImplementedError, match=r"cannot buffer the logs \(keys 's'\) of a `jax.shard_map` inside a buffered loop"):
+    with pytest.raises(
+        NotImplementedError, match=r"cannot buffer the logs \(keys 's'\) of a `jax.shard_map` inside a buffered loop"
+    ):
         lox.tap(f, print, buffer=4)(x)
     events = []
     lox.tap(f, events.append)(x)

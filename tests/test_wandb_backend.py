@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import wandb
+from wandb_records import BLOCK, offline_runs, records
 
 import lox
 from lox_backends import tracker
 from lox_backends.wandb import HISTOGRAM_BINS, WandbBackend, _has_exit_record, _wait_for_complete_file, wandb_id
-from wandb_records import BLOCK, offline_runs, records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROJECT = "lox-test"
@@ -74,7 +74,7 @@ def test_vmapped_seeds_become_runs_with_every_step_once(wandb_env, tmp_path):
     runs = logger.runs()
     got = runs_of(wandb_env, logger)
     steps = np.arange(CALLS * STEPS)
-    for seed, (run, wb) in enumerate(zip(runs, got)):
+    for seed, (run, wb) in enumerate(zip(runs, got, strict=True)):  # one W&B run per run
         assert wb.complete  # finished, and its file complete on disk
         assert (wb.run.run_id, wb.run.project, wb.run.run_group, wb.run.display_name) == (
             run.run_id, PROJECT, logger.group, f"train-{seed}")
@@ -83,11 +83,11 @@ def test_vmapped_seeds_become_runs_with_every_step_once(wandb_env, tmp_path):
         assert config["key"] == jax.random.key_data(keys[seed]).tolist()
         # Hand-computed: w halves every step from the seed's scale.
         values = [1.0, 2.0, 4.0][seed] * 0.5 ** steps.astype(np.float64)
-        assert wb.series("loss") == list(zip(steps.tolist(), values.tolist()))
+        assert wb.series("loss") == list(zip(steps.tolist(), values.tolist(), strict=True))
         assert wb.series("count") == [(s, 10 * s) for s in steps.tolist()]
         assert wb.series("epoch") == [(s, s // 4) for s in steps.tolist()]
         assert [row["_step"] for row in wb.history] == steps.tolist()  # one row per step, in order
-        for row, value in zip(wb.history, values):
+        for row, value in zip(wb.history, values, strict=True):  # one row per step (checked above)
             assert row["w/_type"] == "histogram"
             counts, bins = row["w/values"], row["w/bins"]
             assert len(counts) == HISTOGRAM_BINS and sum(counts) == 3

@@ -2,9 +2,9 @@
 
 ``lox.loggers.from_config("jsonl:logs")`` writes run R to ``logs/R.jsonl``: a
 first line with the run, then one JSON object per logged event, in the order
-the events arrive (the rows of a spooled batch are ordered by step)::
+the tables arrive (the rows of each table are ordered by step)::
 
-    {"run_id": "lox-20250101-120000-a1b2c3-0", "name": "lox-0", "group": "lox-20250101-120000-a1b2c3", "index": 0, "metadata": {"lr": 0.1, "key": [0, 0]}}
+    {"run_id": "lox-20250101-120000-a1b2c3-0", "name": "lox-0", "group": "lox-20250101-120000-a1b2c3", ...}
     {"key": "loss", "steps": {"step": 0}, "value": 0.25}
     {"key": "w", "steps": {"step": 0}, "value": [0.5, -1.0, 2.0]}
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import os
 
-from lox_backends import hooks
+import ml_dtypes  # noqa: F401 - lets NumPy find bfloat16 & co. by name
+import numpy as np
 
-# The columns of lox's Arrow schema; every other column holds one step name.
-NOT_STEPS = ("run", "key", "value", "dtype", "shape", "data")
+from lox_backends import hooks
+from lox_core import schema
 
 
 class JsonlBackend(hooks.Backend):
@@ -38,9 +39,9 @@ class JsonlBackend(hooks.Backend):
         """Create the run's file and write its first line."""
         self._file(run)
 
-    def write_batch(self, run: hooks.RunInfo, table) -> None:
-        """One line per row of a spooled batch (a pyarrow.Table of one run)."""
-        step_names = [name for name in table.column_names if name not in NOT_STEPS]
+    def write(self, run: hooks.RunInfo, table) -> None:
+        """One line per row of a table (a pyarrow.Table of one run's events)."""
+        step_names = schema.step_names(table)
         file = self._file(run)
         for row in table.to_pylist():
             record = {
@@ -49,10 +50,6 @@ class JsonlBackend(hooks.Backend):
                 "value": row["value"] if row["data"] is None else _decode(row),
             }
             file.write(_dumps(record) + "\n")
-
-    def write_event(self, run: hooks.RunInfo, event) -> None:
-        """A tapped event (a one-event logdict): the same lines as a batch."""
-        self.write_batch(run, event.to_arrow(run=run.run_id))
 
     def flush(self) -> None:
         """Hand everything written so far to the operating system."""
@@ -86,9 +83,6 @@ class JsonlBackend(hooks.Backend):
 
 def _decode(row):
     """The event of a row without a ``value``, from its raw bytes, as nested lists."""
-    import ml_dtypes  # noqa: F401 - lets NumPy find bfloat16 & co. by name
-    import numpy as np
-
     return np.frombuffer(row["data"], np.dtype(row["dtype"])).reshape(row["shape"]).tolist()
 
 

@@ -1,0 +1,50 @@
+"""Interpreter exit: every live Logger is closed, so that what it holds is written.
+
+Loggers register themselves (weakly); `close_at_exit` runs as an exit handler.
+A tracker whose client registers an exit handler of its own calls
+`flush_before_exit_handlers` afterwards, so that lox's runs first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import warnings
+import weakref
+from typing import Protocol
+
+
+class _Closable(Protocol):
+    name: str
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+_live: weakref.WeakSet[_Closable] = weakref.WeakSet()
+
+
+def register(logger: _Closable) -> None:
+    _live.add(logger)
+
+
+def discard(logger: _Closable) -> None:
+    _live.discard(logger)
+
+
+def flush_before_exit_handlers() -> None:
+    """Make lox's exit flush run before every exit handler registered so far
+    (Python runs them last registered first). A tracker backend calls it after
+    its client registered one of its own, that would otherwise end the
+    tracker's runs before lox has sent them the last logs."""
+    atexit.unregister(close_at_exit)
+    atexit.register(close_at_exit)
+
+
+def close_at_exit() -> None:
+    for logger in list(_live):
+        try:
+            logger.close()
+        except Exception as error:  # noqa: BLE001 - report, and close the others
+            warnings.warn(f"lox: logger {logger.name!r} could not flush at exit: {error}", RuntimeWarning, stacklevel=1)
+
+
+atexit.register(close_at_exit)

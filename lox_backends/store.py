@@ -1,0 +1,324 @@
+"""Runs on disk, as the ``parquet`` backend and the trackers' local logs write them: the layout and reading it back.
+
+::
+
+    DIR/
+      <run_id>/                        one folder per run
+        _run.json                      run_id, name, group, index, metadata, created (ISO-8601,
+                                       UTC), lox_version, status ("running", then "finished"
+                                       with ended), batches (where its rows are)
+      <group>.batches/                 the rows of the runs one Logger opened (e.g. vmapped seeds)
+        batch-000000-3f9c01ab.parquet  one file per flush, never modified again
+        batch-000001-b72e5d10.parquet
+        ...
+
+Each batch file holds a table in lox's Arrow schema (``lox_core.arrow``) with
+the rows of every run of the group that logged since the previous flush, each
+run's rows together. Its schema metadata also holds ``lox.runs`` (run id →
+[first row, rows]) and ``lox.time_ms``, when it was written (Unix
+milliseconds), the timestamp trackers give its values. Files are ordered by
+their sequence number; the eight random hex digits keep two writers apart
+that would otherwise pick the same name. So the number of files grows with
+the number of flushes, not with the number of runs.
+
+Runs written by lox before version 0.2 hold their batch files in their own
+folder (``DIR/<run_id>/batch-*.parquet``, one run per file); `load` reads
+both layouts.
+
+`load` reads a run, or every run of a folder, back into logdicts (this is
+`lox.load`); `runs` lists them; `run_files` finds a run's batch files for
+`lox sync`. Any Parquet reader reads the files directly (names starting with
+``_`` or ``.`` are skipped by Parquet dataset readers, so whole folders read
+too): ``pandas.read_parquet("DIR")``, or with ``filters=[("run", "==", run_id)]``
+for one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lox_core.arrow import from_arrow, from_arrow_runs
+from lox_core.logdict import concat, logdict
+
+DEFAULT_DIR = "lox-runs"
+RUN_FILE = "_run.json"
+TIME_METADATA = b"lox.time_ms"  # when a batch file was written (Unix ms): the time trackers give its values
+RUNS_METADATA = b"lox.runs"  # run id -> [first row, rows] of a batch file's runs
+BATCHES_SUFFIX = ".batches"  # DIR/<group>.batches: the batch files of a Logger's runs
+BATCH_FILE = re.compile(r"batch-(\d+)-([0-9a-f]{8})\.parquet")
+
+
+def batch_file_name(sequence: int, tag: str) -> str:
+    return f"batch-{sequence:06d}-{tag}.parquet"
+
+
+def batches_folder_name(group: str) -> str:
+    """The folder, beside the run folders, that holds the batch files of a group of runs."""
+    return group + BATCHES_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchFile:
+    """A batch file with rows of one run: `rows` is (first row, rows) of the run
+    in a file shared by a group of runs, None for a file of the run's own folder."""
+
+    sequence: int
+    name: str
+    path: str
+    rows: tuple[int, int] | None = None
+
+    def read(self) -> pa.Table:
+        """The run's rows (with the file's schema metadata)."""
+        table = _read_table(self.path)
+        if self.rows is None:
+            return table
+        metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != RUNS_METADATA}  # the others'
+        return table.slice(*self.rows).replace_schema_metadata(metadata)
+
+
+def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
+    """Read runs written by the parquet backend back into logdicts.
+
+    `path` is a run folder (one holding ``_run.json``): its logdict is returned,
+    every batch in order. Or `path` is a folder of run folders (the ``DIR`` of
+    ``parquet:DIR``): a dict ``{run_id: logdict}`` is returned, ordered by the
+    runs' creation times. Files still being written are skipped, so a run can
+    be read while it is written.
+
+    >>> import tempfile, numpy as np, lox
+    >>> from lox_backends import hooks, parquet, store
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     backend = parquet.ParquetBackend(folder)
+    ...     run = hooks.RunInfo("run-0", name="demo", group="g")
+    ...     backend.open_run(run)
+    ...     for step in range(3):
+    ...         event = lox.logdict({"loss": np.array([1.0 / (step + 1)])},
+    ...                             steps={"step": {"loss": np.array([step])}})
+    ...         backend.write(run, event.to_arrow(run=run.run_id))
+    ...     backend.close_run(run)
+    ...     logs = store.load(folder + "/run-0")
+    ...     everything = store.load(folder)
+    >>> logs["loss"].tolist(), logs.step["loss"].tolist()
+    ([1.0, 0.5, 0.3333333333333333], [0, 1, 2])
+    >>> list(everything)
+    ['run-0']
+    """
+    single, folders = locate(path)
+    if single:
+        parts = [from_arrow(file.read()) for file in run_files(*folders[0])]
+        return concat(parts) if parts else logdict()
+    groups = _Groups()
+    return {os.path.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
+
+
+def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ``_run.json`` contents of the runs at `path` (a run folder or a folder of
+    them), ordered by creation time: for listing runs without reading their data.
+
+    >>> import tempfile
+    >>> from lox_backends import hooks, parquet, store
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     backend = parquet.ParquetBackend(folder)
+    ...     backend.open_run(hooks.RunInfo("run-0", name="demo", group="g", metadata={"lr": 0.1}))
+    ...     [(r["run_id"], r["name"], r["metadata"], r["status"]) for r in store.runs(folder)]
+    [('run-0', 'demo', {'lr': 0.1}, 'running')]
+    """
+    return [info for _, info in locate(path)[1]]
+
+
+def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
+    """Whether `path` is one run, and its run folders with their _run.json, oldest first."""
+    path = os.fspath(path)
+    expected = (
+        "expected a run folder (holding _run.json) or a folder of run folders "
+        "(the DIR of a 'parquet:DIR' backend)"
+    )
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such folder: {path!r}; {expected}.")
+    if not os.path.isdir(path):
+        raise ValueError(f"{path!r} is a file; {expected}.")
+    info = read_run_json(path, missing_ok=True)
+    if info is not None:
+        return True, [(path, info)]
+    found = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            info = read_run_json(entry.path, missing_ok=True)
+            if info is not None:  # a folder without _run.json is not a run (or not yet one)
+                found.append((entry.path, info))
+    if not found:
+        raise ValueError(f"no lox runs in {path!r}: {expected}.")
+    found.sort(key=lambda item: (_created(item[1]), os.path.basename(item[0])))
+    return False, found
+
+
+def _load_run(folder: str, info: dict[str, Any], groups: _Groups) -> logdict:
+    # Files of the run's own folder one at a time: each file's schema metadata (step
+    # dtypes, empty series) describes that file only.
+    parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=False)]
+    if info.get("batches"):
+        group = os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"])
+        parts += groups.parts(group, info.get("run_id", os.path.basename(folder)))
+    return concat(parts) if parts else logdict()
+
+
+class _Groups:
+    """The shared batch files of groups of runs, each group read and converted
+    once for all its runs (`load` of a folder of runs)."""
+
+    def __init__(self) -> None:
+        self._converted: dict[str, list[dict[str | None, logdict]]] = {}
+
+    def parts(self, folder: str, run_id: str) -> list[logdict]:
+        """The run's logs in the group's files, in order (several parts only
+        where the files' schemas differ)."""
+        if folder not in self._converted:
+            self._converted[folder] = self._convert(folder) if os.path.isdir(folder) else []
+        return [segment[run_id] for segment in self._converted[folder] if run_id in segment]
+
+    @staticmethod
+    def _convert(folder: str) -> list[dict[str | None, logdict]]:
+        # Consecutive files whose schema (metadata included, but for when they were
+        # written and which runs they hold) is the same are joined, then converted at once.
+        segments: list[list[pa.Table]] = []
+        listed: list[set[str]] = []
+        for _, _, path in batch_files(folder):
+            table = _read_table(path)
+            metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k not in _PER_FILE}
+            table = table.replace_schema_metadata(metadata)
+            if not segments or not table.schema.equals(segments[-1][0].schema, check_metadata=True):
+                segments.append([])
+                listed.append(set())
+            segments[-1].append(table)
+            listed[-1].update(runs_in(path))
+        converted = []
+        for tables, runs in zip(segments, listed, strict=True):
+            table = pa.concat_tables(tables)
+            by_run = from_arrow_runs(table)
+            for run in runs - set(by_run):  # runs without rows: their series without events, if any
+                by_run[run] = from_arrow(table.slice(0, 0))
+            converted.append(by_run)
+        return converted
+
+
+_PER_FILE = (TIME_METADATA, RUNS_METADATA)  # schema metadata that differs from file to file
+
+
+def batch_file(path: str, run_id: str) -> BatchFile:
+    """The batch file at `path`, as it holds rows of `run_id`."""
+    name = os.path.basename(path)
+    match = BATCH_FILE.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{path!r} is not a lox batch file (batch-<sequence>-<hex>.parquet).")
+    if not os.path.dirname(path).endswith(BATCHES_SUFFIX):
+        return BatchFile(int(match.group(1)), name, path)
+    rows = runs_in(path).get(run_id)
+    if rows is None:
+        raise ValueError(f"the batch file {path!r} holds no rows of run {run_id!r}.")
+    return BatchFile(int(match.group(1)), name, path, (int(rows[0]), int(rows[1])))
+
+
+def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = True) -> list[BatchFile]:
+    """The batch files holding rows of the run in `folder` (whose ``_run.json``
+    is `info`), in order: files of its own folder (written by lox before 0.2),
+    then (if `shared`) files of its group's batches folder that hold rows of the run."""
+    files = [BatchFile(sequence, name, path) for sequence, name, path in batch_files(folder)]
+    info = info if info is not None else read_run_json(folder, missing_ok=True) or {}
+    if shared and info.get("batches"):
+        run_id = info.get("run_id", os.path.basename(folder))
+        group = os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"])
+        if os.path.isdir(group):
+            for sequence, name, path in batch_files(group):
+                rows = runs_in(path).get(run_id)
+                if rows is not None:
+                    files.append(BatchFile(sequence, name, path, (int(rows[0]), int(rows[1]))))
+    return files
+
+
+@functools.lru_cache(maxsize=65536)
+def runs_in(path: str) -> dict[str, list[int]]:
+    """Run id -> [first row, rows] of a shared batch file (read from its footer
+    once: batch files never change once in place)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException) as e:
+        raise _damaged(path, e) from e
+    return json.loads(metadata.get(RUNS_METADATA, b"{}"))
+
+
+@functools.lru_cache(maxsize=1)  # the runs of a shared file are read one after the other
+def _read_table(path: str) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise _damaged(path, e) from e
+
+
+def _damaged(path: str, error: BaseException) -> ValueError:
+    return ValueError(
+        f"cannot read {path!r} ({error}). Batch files are renamed into place only once "
+        "whole, so this one was damaged after it was written (for example by a power "
+        "loss before the run was flushed); move it out of the folder to read the rest."
+    )
+
+
+def batch_files(folder: str) -> list[tuple[int, str, str]]:
+    """(sequence, name, path) of the batch files in a folder, in order; temp files are hidden."""
+    files = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = BATCH_FILE.fullmatch(entry.name)
+            if match:
+                files.append((int(match.group(1)), entry.name, entry.path))
+    files.sort()
+    return files
+
+
+def read_run_json(folder: str, missing_ok: bool = False) -> dict[str, Any] | None:
+    path = os.path.join(folder, RUN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+    try:
+        info = json.loads(text)
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        raise ValueError(f"{path!r} is not a lox _run.json ({e}); lox writes it as a JSON object.") from e
+    return info
+
+
+def _created(info: dict[str, Any]) -> datetime.datetime:
+    try:
+        created = datetime.datetime.fromisoformat(info["created"])
+    except (KeyError, TypeError, ValueError):
+        return datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=datetime.timezone.utc)
+    return created
+
+
+def fsync(path: str) -> None:
+    """Flush a file, or a folder's entries (renames into it), to disk."""
+    if os.name == "nt" and os.path.isdir(path):  # folders cannot be opened for fsync there
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
