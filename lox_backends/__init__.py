@@ -1,4 +1,7 @@
 """lox backends: where logs go (console, Parquet files, trackers), as pluggy plugins.
 
-Filled by the backends work; the core (`lox`, `lox_core`) does not depend on it.
+`hooks` is the plugin contract; `logger` the Logger (with `runs`, `checks`,
+`batching`, `worker` and `shutdown` around it); `store` the runs on disk;
+`parquet`, `memory`, `console` and the trackers (`tracker`, `mlflow`, `wandb`,
+`neptune`) the backends. The core (`lox_core`) does not depend on any of it.
 """

@@ -14,7 +14,7 @@ per tick, and the router a few array operations.
 >>> for step in range(3):  # two runs (a vmapped batch of 2), three calls
 ...     logs = lox.logdict({"x": np.full((2, 1), step)}, {"step": {"x": np.full((2, 1), step)}})
 ...     _ = waiting.add_batch(1, np.array([0, 1]), logs)
->>> [(part.runs.tolist(), part.logs["x"].tolist()) for part in waiting.take()]
+>>> [(part.runs.tolist(), part.logs["x"].tolist()) for group in waiting.take() for part in group.parts()]
 [([0, 1], [[0, 1, 2], [0, 1, 2]])]
 """
 
@@ -68,25 +68,31 @@ class Waiting:
         self._items.append(_Item("events", batch_ndim, np.asarray(runs), event, np.asarray(took)))
         return len(self._items) >= MAX_WAITING
 
-    def take(self) -> list[Part]:
-        """What waits, in order: vmapped batches of one structure stacked; other
-        batches and events as one part per run (several only where a key changed
-        shape between calls, as those cannot be joined)."""
+    def take(self) -> list[Group]:
+        """What waits, in order, as groups of items that leave together."""
         items, self._items = self._items, []
-        parts: list[Part] = []
-        for group in _groups(items):
-            if group[0].kind == "batch" and group[0].batch_ndim and all(_stackable(g) for g in group):
-                first = group[0]
-                stacked = _stack([g.logs for g in group], first.batch_ndim)
-                parts.append(Part(first.runs, first.batch_ndim, stacked))
-                continue
-            pieces = _batch_pieces(group) if group[0].kind == "batch" else _event_pieces(group)
-            gathered: dict[int, list[logdict]] = {}
-            for run, piece in pieces:
-                gathered.setdefault(run, []).append(piece)
-            for run, logs in gathered.items():
-                parts.extend(Part(np.asarray(run), 0, joined) for joined in _joined(logs))
-        return parts
+        return [Group(group) for group in _groups(items)]
+
+
+class Group:
+    """Consecutive waiting items that become parts together."""
+
+    def __init__(self, items: list[_Item]):
+        self._items = items
+
+    def parts(self) -> list[Part]:
+        """Vmapped batches of one structure stacked (one part for all their runs);
+        other batches and events as one part per run (several only where a key
+        changed shape between calls, as those cannot be joined)."""
+        group = self._items
+        if group[0].kind == "batch" and group[0].batch_ndim and all(_stackable(g) for g in group):
+            first = group[0]
+            return [Part(first.runs, first.batch_ndim, _stack([g.logs for g in group], first.batch_ndim))]
+        pieces = _batch_pieces(group) if group[0].kind == "batch" else _event_pieces(group)
+        gathered: dict[int, list[logdict]] = {}
+        for run, piece in pieces:
+            gathered.setdefault(run, []).append(piece)
+        return [Part(np.asarray(run), 0, joined) for run, logs in gathered.items() for joined in _joined(logs)]
 
 
 def _groups(items: list[_Item]) -> Iterator[list[_Item]]:
@@ -123,9 +129,15 @@ def _without_events(x, item: _Item) -> tuple[int, ...]:
 
 
 def _stackable(item: _Item) -> bool:
-    """A vmapped batch whose runs all hold the same events (no padding to trim)."""
+    """A vmapped batch whose runs all hold the same events (no padding to trim),
+    each element its own run (a state that is not vmapped repeats one run)."""
     logs = item.logs
-    return item.kind == "batch" and not logs.valid and not any(np.any(n) for n in logs.dropped.values())
+    return (
+        item.kind == "batch"
+        and not logs.valid
+        and not any(np.any(n) for n in logs.dropped.values())
+        and np.unique(item.runs).size == item.runs.size
+    )
 
 
 def _stack(logs: list[logdict], batch_ndim: int) -> logdict:

@@ -20,6 +20,7 @@ import numpy as np
 from lox_backends.logger import from_config
 from lox_backends.plot import plot_runs
 from lox_backends.store import load
+from lox_core.logdict import logdict
 from lox_core.primitive import log
 
 HIDDEN = 32
@@ -100,6 +101,7 @@ def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, step
     print(f"\nlox demo: {len(ours)} runs ({seeds} seeds) saved under {os.path.abspath(directory)}")
     for run in logger.runs():
         logs = saved[run.run_id]
+        assert isinstance(logs, logdict)  # a run's folder reads back as one logdict
         print(f"  {run.name}: {logs['loss'].shape[0]} steps, final loss {float(np.asarray(logs['loss'])[-1]):.4f}, "
               f"final val_loss {float(np.asarray(logs['val_loss'])[-1]):.4f}  ({os.path.join(directory, run.run_id)})")
 

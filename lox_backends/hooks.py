@@ -114,9 +114,10 @@ class Backend:
 def _adapt_old_methods(cls: type[Backend]) -> None:
     """Backends written before `write` existed: ``write_batch(run, table)`` had
     the same meaning and keeps working (with a warning); backends that only
-    take tapped events as logdicts are refused when created (`check_backend`)."""
-    defines = lambda name: any(name in vars(c) for c in cls.__mro__ if c is not Backend)  # noqa: E731
-    if defines("write") or not defines("write_batch"):
+    take tapped events as logdicts are refused when a Logger takes them
+    (`check_backend`). A method counts where a class defines it below the
+    class that defines `write` (a subclass of a built-in backend too)."""
+    if not _newer(cls, "write_batch", "write"):
         return
     warnings.warn(
         f"lox backend {cls.__qualname__} implements `write_batch`, which lox now calls `write(run, table)` "
@@ -134,13 +135,22 @@ def check_backend(backend: Backend) -> None:
             f"a lox Logger takes backends (subclasses of lox_backends.hooks.Backend), got {type(backend).__name__}."
         )
     cls = type(backend)
-    old = [name for name in ("write_event", "write_events") if any(name in vars(c) for c in cls.__mro__)]
-    if old and cls.write is Backend.write:
+    old = [name for name in ("write_event", "write_events") if _newer(cls, name, "write")]
+    if old:
         raise TypeError(
             f"lox backend {cls.__qualname__} implements `{old[0]}`, which lox no longer calls: implement "
             "`write(self, run, table)`, which receives spooled batches and tapped events alike as Arrow tables "
             "(`lox.logdict.from_arrow(table)` gives a logdict back). See plugins.md."
         )
+
+
+def _newer(cls: type, method: str, than: str) -> bool:
+    """Whether `cls` defines `method` in a class below the one defining `than`
+    (or `than` is only the base class's no-op)."""
+    def position(name: str) -> int:
+        return next((i for i, c in enumerate(cls.__mro__) if name in vars(c) and c is not Backend), len(cls.__mro__))
+
+    return position(method) < position(than)
 
 
 @dataclasses.dataclass(frozen=True)

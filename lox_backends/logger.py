@@ -109,7 +109,9 @@ class Logger:
         self._flush_every = flush_every
         self._next_flush = time.monotonic() + flush_every
         safe = safe_name(name)
-        self._outlets = [BackendWorker(backend, safe) for backend in self.backends]
+        names = _names(self.backends)
+        self._outlets = [BackendWorker(b, n, safe) for b, n in zip(self.backends, names, strict=True)]
+        self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
         self._closed = False
         shutdown.register(self)
@@ -153,7 +155,7 @@ class Logger:
                     meta["key"] = seed[index].tolist()
                 run = self._runs.open(meta, position if batch_shape else None)
                 # Inside `jax.pure_callback`: must not block or raise.
-                self._router.submit(lambda run=run: self._to_backends(lambda b: b.open_run(run)))
+                self._router.submit(lambda run=run: self._announce(run))
                 numbers[index] = run.index
             return numbers
 
@@ -251,21 +253,42 @@ class Logger:
         if full:
             self._send_waiting()
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
+        """Send what waits; flush now and then. Whether to tick again (the
+        router sleeps while nothing waits)."""
         self._send_waiting()
         # A crash loses at most `flush_every` seconds of logs.
         if self._dirty and time.monotonic() >= self._next_flush:
             self._flush_backends()
+        return self._dirty
+
+    def _announce(self, run: hooks.RunInfo) -> None:
+        """`open_run` to every backend, once per run, before any of its tables."""
+        if run.index not in self._announced:
+            self._announced.add(run.index)
+            self._to_backends(lambda b: b.open_run(run))
 
     def _send_waiting(self) -> None:
         """What waits, as one table per run and part, to every backend."""
         tables: list[tuple[hooks.RunInfo, pa.Table]] = []
-        failed = None
-        for part in self._waiting.take():
-            # One run's refusal does not keep the other runs from their data.
-            converted, error = self._tables(part)
-            tables.extend(converted)
-            failed = failed or error
+        failed: Exception | None = None
+        for group in self._waiting.take():
+            # A part that cannot be converted does not keep the others from the backends.
+            try:
+                parts = group.parts()
+            except Exception as error:  # noqa: BLE001 - raised below, after the rest is sent
+                failed = failed or error
+                continue
+            for part in parts:
+                try:
+                    converted, error = self._tables(part)
+                except Exception as error:  # noqa: BLE001 - as above
+                    converted, failed = [], failed or error
+                    continue
+                tables.extend(converted)
+                failed = failed or error
+        for run in {run.index: run for run, _ in tables}.values():
+            self._announce(run)  # a run whose logs overtook its `init` callback
         if tables:
             self._dirty = True
             self._to_backends(lambda b: _write_each(b, tables), label="write")
@@ -339,16 +362,19 @@ class Logger:
         self._closed = True
         shutdown.discard(self)
         jax.effects_barrier()
-        stuck: list[str] = []
+        stuck = False
         try:
-            stuck = self._finish_tasks([], timeout, then=lambda: self._to_backends(lambda b: b.close()))
+            self._finish_tasks([], timeout, then=lambda: self._to_backends(lambda b: b.close()))
+        except TimeoutError:
+            stuck = True
+            raise
         finally:  # threads stop even after a backend error; a stuck one is left to its daemon thread
-            self._router.stop(wait=self._router.name not in stuck, timeout=1.0)
+            self._router.stop(wait=not stuck, timeout=1.0)
             for outlet in self._outlets:
-                outlet.stop(wait=outlet.name not in stuck, timeout=1.0)
+                outlet.stop(wait=not stuck, timeout=1.0)
 
     def _finish_tasks(self, tasks: list[Callable[[], None]], timeout: float | None,
-                      then: Callable[[], None] | None = None) -> list[str]:
+                      then: Callable[[], None] | None = None) -> None:
         """In the router: what waits is sent, then `tasks`, a flush of every
         backend and `then`; wait for the router and every backend to get there
         (all within `timeout` seconds), and for trackers to send. Raise what
@@ -358,8 +384,12 @@ class Logger:
         left = lambda: None if deadline is None else max(deadline - time.monotonic(), 0.0)  # noqa: E731
 
         def in_router() -> None:
+            failed: Exception | None = None
             try:
-                self._send_waiting()
+                try:
+                    self._send_waiting()
+                except Exception as error:  # noqa: BLE001 - raised below, once the runs are closed
+                    failed = error
                 for task in tasks:
                     task()
             finally:  # what did arrive is made durable (and closed) even if a part failed
@@ -367,6 +397,8 @@ class Logger:
                 if then is not None:
                     then()
                 barriers.extend((outlet, outlet.barrier()) for outlet in self._outlets)
+            if failed is not None:
+                raise failed
 
         barriers: list = []
         self._router.submit(in_router)
@@ -380,7 +412,6 @@ class Logger:
             self._raise_errors()  # a backend that failed outright says so first
             raise self._timeout(timeout, stuck)
         self._raise_errors()
-        return stuck
 
     def _timeout(self, timeout: float | None, stuck: list[str]) -> TimeoutError:
         return TimeoutError(
@@ -410,6 +441,14 @@ class Logger:
         self._router.stop()
         for outlet in self._outlets:
             outlet.stop()
+
+
+def _names(backends: list[hooks.Backend]) -> list[str]:
+    """What messages call each backend: its class, with its target (or its
+    position) where two backends share a class."""
+    classes = [type(b).__name__ for b in backends]
+    names = [c if classes.count(c) == 1 else f"{c}({b.target or ''})" for c, b in zip(classes, backends, strict=True)]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 
 
 def _write_each(backend: hooks.Backend, tables: list) -> None:

@@ -1,4 +1,4 @@
-"""The ``parquet`` backend: every run is a folder of Parquet files, written append-only.
+"""The ``parquet`` backend: runs saved as Parquet files, written append-only.
 
 Config string ``parquet:DIR?compression=snappy&rows_per_file=262144``
 (``parquet`` alone writes into ``lox-runs``). Tables wait in memory until the
@@ -75,7 +75,8 @@ class LogListener:
 
 
 class ParquetBackend(hooks.Backend):
-    """Writes each run into ``DIR/<run_id>/`` as append-only Parquet batch files.
+    """Writes runs under ``DIR`` as append-only Parquet batch files: ``DIR/<run_id>/_run.json``
+    per run, and one file per flush for all the runs of a group in ``DIR/<group>.batches/``.
 
     `target` is the folder (``lox-runs`` when None), resolved against the
     current directory when the backend is created. Option ``compression``
@@ -114,8 +115,6 @@ class ParquetBackend(hooks.Backend):
         state.info["status"] = "running"
         state.info.pop("ended", None)
         self._write_run_json(state)
-        for listener in self.listeners:
-            listener.run_opened(run, state.folder)
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         group = self._state(run).group
@@ -175,8 +174,12 @@ class ParquetBackend(hooks.Backend):
         )
         state = _RunState(folder, info, self._group(batches))
         self._runs[run.run_id] = state
-        if write_info and not os.path.exists(os.path.join(folder, RUN_FILE)):
-            self._write_run_json(state)  # a batch without open_run still makes a loadable run
+        try:
+            if write_info and not os.path.exists(os.path.join(folder, RUN_FILE)):
+                self._write_run_json(state)  # a batch without open_run still makes a loadable run
+        finally:  # a tracker following this log learns of the run before its first file, whatever failed
+            for listener in self.listeners:
+                listener.run_opened(run, folder)
         return state
 
     def _group(self, name: str) -> _Group:
@@ -269,8 +272,9 @@ def write_table(table: pa.Table, where: str, compression: str = "snappy") -> Non
         table,
         where,
         compression=compression,
-        use_dictionary=["run", "key", "dtype"],
-        write_statistics=["run", "key", *schema.step_names(table), "value"],
+        # pyarrow's annotations say bool; its documentation (and code) take column names too.
+        use_dictionary=["run", "key", "dtype"],  # pyright: ignore[reportArgumentType]
+        write_statistics=["run", "key", *schema.step_names(table), "value"],  # pyright: ignore[reportArgumentType]
     )
 
 

@@ -246,7 +246,7 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
     return files
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=256)  # read file by file: the last few files suffice
 def runs_in(path: str) -> dict[str, list[int]]:
     """Run id -> [first row, rows] of a shared batch file (read from its footer
     once: batch files never change once in place)."""
@@ -257,7 +257,9 @@ def runs_in(path: str) -> dict[str, list[int]]:
     return json.loads(metadata.get(RUNS_METADATA, b"{}"))
 
 
-@functools.lru_cache(maxsize=1)  # the runs of a shared file are read one after the other
+# Runs of a shared file are read one after the other (a tracker sending a flush's file);
+# `lox sync` goes run by run through a group's files, which this many files keeps in memory.
+@functools.lru_cache(maxsize=16)
 def _read_table(path: str) -> pa.Table:
     try:
         return pq.read_table(path)

@@ -33,8 +33,10 @@ class Worker:
     Submitting never blocks and never raises, so that JAX's callback threads
     can submit. A task's exception is kept (`take_errors`) and handed to
     `on_error`; the next task runs. With `every`, `periodic` also runs every
-    `every` seconds, busy or idle. The thread starts now: Python refuses new
-    threads while the interpreter exits, when the last logs are written.
+    `every` seconds after a task ran, for as long as it returns True (it has
+    work left), so that an idle worker sleeps. The thread starts now: Python
+    refuses new threads while the interpreter exits, when the last logs are
+    written.
     """
 
     def __init__(
@@ -42,7 +44,7 @@ class Worker:
         name: str,
         *,
         every: float | None = None,
-        periodic: Callable[[], None] | None = None,
+        periodic: Callable[[], bool] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ):
         self.name = name
@@ -103,7 +105,7 @@ class Worker:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        due = None if self._every is None else time.monotonic() + self._every
+        due: float | None = None  # when `periodic` runs next; None while it has nothing to do
         while True:
             with self._condition:
                 timeout = None if due is None else max(due - time.monotonic(), 0.0)
@@ -120,9 +122,20 @@ class Worker:
                 with self._condition:
                     self._busy, self._current = False, None
                     self._condition.notify_all()
-            if due is not None and time.monotonic() >= due and self._periodic is not None:
-                self._call(self._periodic)
-                due = time.monotonic() + (self._every or 0.0)
+                if due is None and self._every is not None:
+                    due = time.monotonic() + self._every
+            if due is not None and time.monotonic() >= due:
+                due = time.monotonic() + (self._every or 0.0) if self._call_periodic() else None
+
+    def _call_periodic(self) -> bool:
+        """Run `periodic`; whether it has work left (after a failure: yes, to try again)."""
+        if self._periodic is None:
+            return False
+        try:
+            return bool(self._periodic())
+        except BaseException as error:  # kept for the user's thread
+            self.report(error)
+            return True
 
     def report(self, error: BaseException) -> None:
         """Keep `error` as if a task had raised it."""
@@ -152,22 +165,24 @@ class BackendWorker:
     bound; the other backends are not affected.
     """
 
-    def __init__(self, backend: Backend, logger: str):
+    def __init__(self, backend: Backend, name: str, logger: str):
         self.backend = backend
-        self.name = type(backend).__name__
+        self.name = name  # in messages: the class, and its target where two backends share a class
         self._dropped = 0
-        self._worker = Worker(f"lox-{logger}-{self.name}", on_error=self._warn)
+        self._worker = Worker(f"lox-{logger}-{type(backend).__name__}", on_error=self._warn)
 
     def call(self, method: Callable[[Backend], None], label: str = "call") -> None:
         """Run `method(backend)` in the backend's thread."""
         if label == "write" and self._worker.backlog() >= MAX_BACKLOG:
             self._dropped += 1
-            if self._dropped == 1:
+            if self._dropped == 1:  # once per episode: reported again if it falls behind again later
                 self._worker.report(BackendError(
                     f"{self.name} fell {MAX_BACKLOG} writes behind (it is stuck or too slow); lox drops what "
                     "it has not taken yet, for this backend only"
                 ))
             return
+        if label == "write":
+            self._dropped = 0  # caught up: a later episode is reported again
         self._worker.submit(lambda: method(self.backend), label)
 
     def barrier(self) -> threading.Event:

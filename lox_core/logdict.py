@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Mapping, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Self
 
 import jax
 import jax.export
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are made
+    import pyarrow as pa
 
 # Written into a step where an event of a key did not carry that step name, so
 # that every step array stays aligned with its values. The smallest int32: no
@@ -38,7 +41,7 @@ def _concat(parts: list):
     return jax.tree_util.tree_map(lambda *xs: _numpy_or_jax(*xs).concatenate(xs, axis=0), *parts)
 
 
-class logdict(dict):
+class logdict(dict[str, Any]):
     """A `dict` from log keys to series, with the steps each event was logged at.
 
     Every value is a series: its leading axis counts events, in program order.
@@ -182,7 +185,7 @@ class logdict(dict):
         """Step arrays by step name, then by key: ``logs.steps["step"]["loss"]``."""
         return self._steps
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> dict[str, Any]:
         if name.startswith("__"):
             raise AttributeError(name)
         steps = object.__getattribute__(self, "_steps")
@@ -204,7 +207,7 @@ class logdict(dict):
             return NotImplemented
         return concat([self, other])
 
-    def __or__(self, other: dict) -> logdict:  # `dict` as in dict.__or__; other dicts: NotImplemented
+    def __or__(self, other: dict[Any, Any]) -> logdict:  # `dict` as in dict.__or__; other dicts: NotImplemented
         """Merge: keys of `other` replace those of `self`, with their steps."""
         if not isinstance(other, logdict):
             return NotImplemented
@@ -282,7 +285,7 @@ class logdict(dict):
         return self._like(data, steps)._recounted()
 
     # --- Arrow -------------------------------------------------------------------------
-    def to_arrow(self, run: str | None = None):
+    def to_arrow(self, run: str | None = None) -> pa.Table:
         """One `pyarrow.Table`, one row per event of a key (schema in `lox_core.arrow`).
 
         >>> import numpy as np, lox
@@ -298,7 +301,7 @@ class logdict(dict):
         return to_arrow(self, run)
 
     @staticmethod
-    def from_arrow(table, run: str | None = None) -> logdict:
+    def from_arrow(table: pa.Table, run: str | None = None) -> logdict:
         """The logdict of NumPy arrays a `to_arrow` table holds (also read back from Parquet).
 
         Pass ``run=`` to choose one run of a table that holds several.
@@ -327,7 +330,7 @@ class logdict(dict):
 
     __str__ = __repr__
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., logdict], tuple[Any, ...]]:
         return (_rebuild, (dict(self), self._steps, self._valid, self._totals))
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterable, Sequence
 
 from lox_core.interpreter import DropAll
 from lox_core.options import NologOptions
 from lox_core.transform import Transformed, jitted, trace_and_interpret
 
 
-def nolog(fun: Callable, *, static_argnums=(), static_argnames=()) -> Callable:
+def nolog(
+    fun: Callable[..., Any],
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Iterable[str] = (),
+) -> Callable[..., Any]:
     """Return `fun` with every `lox.log` inside it removed, also in nested jits.
 
     The result is jitted; its compiled program has no host callback and nothing

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import numbers
 import sys
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import jax
 import jax.core
@@ -64,7 +64,14 @@ def site_of(params) -> Site:
     return Site(**params)
 
 
-def log(data, *, tags: Iterable[str] | None = None, explicit: bool = False, prefix: str = "", **steps) -> logdict:
+def log(
+    data: Mapping[str, Any],
+    *,
+    tags: Iterable[str] | None = None,
+    explicit: bool = False,
+    prefix: str = "",
+    **steps: Any,
+) -> logdict:
     """Log the values in `data` from anywhere in JAX code.
 
     `data` maps string keys to arrays, scalars or pytrees of them. Keyword

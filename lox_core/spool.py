@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.export
@@ -239,9 +239,9 @@ def spool(
     reduce: str | None = None,
     prefix: str = "",
     max_events: int | None = None,
-    static_argnums=(),
-    static_argnames=(),
-) -> Callable:
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Iterable[str] = (),
+) -> Callable[..., Any]:
     """Return a function that gives ``(out, logs)``: `fun`'s output and its logs.
 
     Every `lox.log` event inside `fun` becomes an output of one compiled program

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -241,9 +241,9 @@ def tap(
     prefix: str = "",
     batched: bool = False,
     buffer: int | None = None,
-    static_argnums=(),
-    static_argnames=(),
-) -> Callable:
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Iterable[str] = (),
+) -> Callable[..., Any]:
     """Return `fun` with every log delivered to ``callback(event)`` as it happens.
 
     Each `lox.log` event becomes one call of `callback` with a one-event
@@ -358,9 +358,9 @@ def tap_with_context(
     wait: bool = True,
     buffer: int | None = None,
     block_callback: Callable | None = None,
-    static_argnums=(),
-    static_argnames=(),
-) -> Callable:
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Iterable[str] = (),
+) -> Callable[..., Any]:
     """Like `tap`, for code that routes events: returns ``g(context, *args,
     **kwargs)`` that runs ``fun(*args, **kwargs)`` and, once per event, calls
     ``callback(batch_ndim, event, context, took)``. Under `vmap` (`batch_ndim`

@@ -102,7 +102,7 @@ def test_a_backend_that_falls_far_behind_has_its_writes_dropped_and_reported(mon
         def write(self, run, table):
             release.wait(60)
 
-    outlet = worker.BackendWorker(Stuck(), "test")
+    outlet = worker.BackendWorker(Stuck(), "Stuck", "test")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(6):
@@ -206,3 +206,29 @@ def test_backends_never_import_the_lox_facade_and_import_lox_modules_at_the_top(
         if name != "lox_core.logdict":  # logdict.to_arrow/from_arrow: arrow.py imports logdict
             inside_functions[name] = _project_imports(tree, name, top_level=False)
     assert {name: found for name, found in inside_functions.items() if found} == {}
+
+
+# --- what arrives late or shared: runs still close, rows still in step order ----------------------------
+def test_finish_closes_its_runs_even_when_late_logs_of_a_finished_run_are_refused():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    first, second = logger.init(name="first"), logger.init(name="second")
+    logger.finish(first)
+    logger.log(first, lox.logdict({"x": np.zeros(1)}))  # too late: refused in the background
+    logger.log(second, lox.logdict({"x": np.ones(1)}))
+    with pytest.raises(BackendError, match=r"logs for run 'first' arrived after `logger.finish` closed it"):
+        logger.finish(second)
+    assert backend.closed == {run.run_id: True for run in logger.runs()}
+    assert backend.logs(logger.runs()[1].run_id)["x"].tolist() == [1.0]
+
+
+def test_one_run_logged_from_every_element_of_a_vmap_keeps_its_rows_in_step_order():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    state = logger.init(name="shared")  # not vmapped: every element logs to this one run
+    xs = jnp.linspace(0.1, 1.0, 4)
+    for epoch in range(3):
+        jax.vmap(lambda w, epoch=epoch: logger.spool(train, state)(w, xs, 4 * epoch))(jnp.arange(3.0))
+    logger.finish(state)
+    steps = np.concatenate([t.column("step").to_numpy() for t in backend.tables()])
+    assert len(steps) == 2 * 3 * 3 * 4 and (np.diff(steps) >= 0).all()  # 2 keys, 3 elements, 3 calls, 4 steps
