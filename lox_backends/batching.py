@@ -14,7 +14,7 @@ per tick, and the router a few array operations.
 >>> for step in range(3):  # two runs (a vmapped batch of 2), three calls
 ...     logs = lox.logdict({"x": np.full((2, 1), step)}, {"step": {"x": np.full((2, 1), step)}})
 ...     _ = waiting.add_batch(1, np.array([0, 1]), logs)
->>> [(part.runs.tolist(), part.logs["x"].tolist()) for group in waiting.take() for part in group.parts()]
+>>> [(part.runs.tolist(), part.logs["x"].tolist()) for group in waiting.take() for part in group.parts()[0]]
 [([0, 1], [[0, 1, 2], [0, 1, 2]])]
 """
 
@@ -80,19 +80,30 @@ class Group:
     def __init__(self, items: list[_Item]):
         self._items = items
 
-    def parts(self) -> list[Part]:
+    def parts(self) -> tuple[list[Part], Exception | None]:
         """Vmapped batches of one structure stacked (one part for all their runs);
         other batches and events as one part per run (several only where a key
-        changed shape between calls, as those cannot be joined)."""
+        changed shape between calls, as those cannot be joined). And the first
+        error of an item that could not be split: only that item is left out."""
         group = self._items
         if group[0].kind == "batch" and group[0].batch_ndim and all(_stackable(g) for g in group):
             first = group[0]
-            return [Part(first.runs, first.batch_ndim, _stack([g.logs for g in group], first.batch_ndim))]
-        pieces = _batch_pieces(group) if group[0].kind == "batch" else _event_pieces(group)
+            return [Part(first.runs, first.batch_ndim, _stack([g.logs for g in group], first.batch_ndim))], None
+        pieces: list[tuple[int, logdict]] = []
+        failed: Exception | None = None
+        split = _batch_pieces if group[0].kind == "batch" else _event_pieces
+        try:
+            pieces = list(split(group))
+        except Exception:  # noqa: BLE001 - item by item, to leave out only what fails
+            for item in group:
+                try:
+                    pieces += list(split([item]))
+                except Exception as error:  # noqa: BLE001 - reported by the router
+                    failed = failed or error
         gathered: dict[int, list[logdict]] = {}
         for run, piece in pieces:
             gathered.setdefault(run, []).append(piece)
-        return [Part(np.asarray(run), 0, joined) for run, logs in gathered.items() for joined in _joined(logs)]
+        return [Part(np.asarray(run), 0, joined) for run, logs in gathered.items() for joined in _joined(logs)], failed
 
 
 def _groups(items: list[_Item]) -> Iterator[list[_Item]]:

@@ -30,9 +30,9 @@ class LogChecks:
         self._warned: set[tuple[int, str]] = set()
 
     # --- in the user's thread -------------------------------------------------------------
-    def check(self, logs: logdict, runs_shape: tuple[int, ...], concrete: bool) -> None:
-        """Refuse logs that the runs of shape `runs_shape` cannot take; `concrete`:
-        the values are arrays (not tracers), so their batch axes are checked too."""
+    def check(self, logs: logdict, runs_shape: tuple[int, ...]) -> None:
+        """Refuse logs that the runs of shape `runs_shape` cannot take (their
+        leading axes must be the runs'; under `jax.vmap` both are per element)."""
         for name in logs.steps:
             schema.check_step_name(name)
         self._check_kinds(logs, len(runs_shape))
@@ -43,8 +43,7 @@ class LogChecks:
                     "`lox.spool(..., max_events=N)`), which a run's table cannot hold. Apply `jax.vmap` outside "
                     "the spool, with one run per element (`jax.vmap(logger.init)`)."
                 )
-        if concrete:
-            _check_batch_axes(logs, runs_shape)
+        _check_batch_axes(logs, runs_shape)
 
     def _check_kinds(self, logs: logdict, batch_ndim: int) -> None:
         """A key keeps one dtype and event shape in all of a logger's runs (so that

@@ -55,6 +55,8 @@ class ConsoleBackend(hooks.Backend):
             latest[str(keys[i])] = (shown, {n: v for n, v in steps.items() if v is not None})
         self._show(run)
 
+    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
+
     def close_run(self, run):
         if self._unshown.get(run.run_id):
             self._show(run, force=True)  # the final values, if the last update was throttled

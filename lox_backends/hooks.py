@@ -94,6 +94,8 @@ class Backend:
         """Logs of `run` as an Arrow table: a spooled batch (`logger.spool`,
         `logger.log`), or a block of tapped events (`logger.tap`)."""
 
+    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
+
     def flush(self) -> None:
         """Make everything written so far durable or sent."""
 

@@ -212,11 +212,10 @@ class Logger:
             raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs), got {type(logs).__name__}.")
         if not isinstance(state, LoggerState):
             raise TypeError(f"`logger.log` takes the state returned by `logger.init`, got {type(state).__name__}.")
-        is_traced = traced((state, logs))
-        self._checks.check(logs, tuple(np.shape(state.run)), concrete=not is_traced)
-        if is_traced:
+        self._checks.check(logs, tuple(np.shape(state.run)))  # shapes are static: traced ones too
+        if traced((state, logs)):
             # Chained, not ordered: an ordered effect is refused on more than one device.
-            chain_end(host_call(self._receive_batch, state.run, logs, guarded=False, token=chain_start()))
+            chain_end(host_call(self._receive_logged, state.run, logs, guarded=False, token=chain_start()))
             return
         # Device arrays go to the router as they are (no transfer in this thread);
         # NumPy arrays are copied, since the caller may reuse them.
@@ -239,6 +238,11 @@ class Logger:
         runs, logs = np.array(runs), jax.tree_util.tree_map(np.array, logs)
         self._router.submit(lambda: self._add(self._waiting.add_batch(batch_ndim, runs, logs)))
 
+    def _receive_logged(self, batch_ndim: int, runs, logs) -> None:
+        # `logger.log` / `spool` under jit: the runs' axes lead the logs', vmapped or not
+        # (a vmapped state passed to a function that is not vmapped, with its logs).
+        self._receive_batch(max(batch_ndim, np.ndim(runs)), runs, logs)
+
     def _receive_block(self, batch_ndim: int, logs: logdict, runs) -> None:
         # A buffered tap's events: written like a spooled batch.
         self._receive_batch(batch_ndim, runs, logs)
@@ -256,10 +260,12 @@ class Logger:
     def _tick(self) -> bool:
         """Send what waits; flush now and then. Whether to tick again (the
         router sleeps while nothing waits)."""
-        self._send_waiting()
-        # A crash loses at most `flush_every` seconds of logs.
-        if self._dirty and time.monotonic() >= self._next_flush:
-            self._flush_backends()
+        try:
+            self._send_waiting()
+        finally:  # also when some logs were refused: the rest is on its way, and made durable in time
+            # A crash loses at most `flush_every` seconds of logs.
+            if self._dirty and time.monotonic() >= self._next_flush:
+                self._flush_backends()
         return self._dirty
 
     def _announce(self, run: hooks.RunInfo) -> None:
@@ -275,10 +281,11 @@ class Logger:
         for group in self._waiting.take():
             # A part that cannot be converted does not keep the others from the backends.
             try:
-                parts = group.parts()
+                parts, error = group.parts()
             except Exception as error:  # noqa: BLE001 - raised below, after the rest is sent
                 failed = failed or error
                 continue
+            failed = failed or error
             for part in parts:
                 try:
                     converted, error = self._tables(part)
@@ -447,7 +454,8 @@ def _names(backends: list[hooks.Backend]) -> list[str]:
     """What messages call each backend: its class, with its target (or its
     position) where two backends share a class."""
     classes = [type(b).__name__ for b in backends]
-    names = [c if classes.count(c) == 1 else f"{c}({b.target or ''})" for c, b in zip(classes, backends, strict=True)]
+    names = [c if classes.count(c) == 1 else f"{c}({getattr(b, 'target', None) or ''})"
+             for c, b in zip(classes, backends, strict=True)]
     return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 
 

@@ -160,6 +160,8 @@ class TrackerBackend(hooks.Backend):
         if self._owns_log:
             self.log.write(run, table)
 
+    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
+
     def flush(self) -> None:
         if self._owns_log:
             self.log.flush()

@@ -17,6 +17,7 @@ import lox
 from lox_backends import hooks, worker
 from lox_backends.logger import BackendError, Logger
 from lox_backends.memory import MemoryBackend
+from lox_backends.parquet import ParquetBackend
 from lox_backends.registry import registry
 from lox_core.logdict import concat
 
@@ -232,3 +233,36 @@ def test_one_run_logged_from_every_element_of_a_vmap_keeps_its_rows_in_step_orde
     logger.finish(state)
     steps = np.concatenate([t.column("step").to_numpy() for t in backend.tables()])
     assert len(steps) == 2 * 3 * 3 * 4 and (np.diff(steps) >= 0).all()  # 2 keys, 3 elements, 3 calls, 4 steps
+
+
+def test_a_vmapped_state_logged_under_jit_without_vmap_reaches_each_run():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
+    logs = lox.logdict({"w": np.arange(3.0)[:, None]}, {"step": {"w": np.zeros((3, 1), np.int32)}})  # runs, events
+    jax.jit(lambda s, logs: logger.log(s, logs))(states, logs)
+    with pytest.raises(ValueError, match=r"runs of shape \(3,\) \(one per seed\), but 'w' has shape \(1,\)"):
+        jax.jit(lambda s: logger.log(s, lox.logdict({"w": jnp.zeros(1)})))(states)  # refused at the call
+    logger.finish(states)
+    assert [backend.logs(run.run_id)["w"].tolist() for run in logger.runs()] == [[0.0], [1.0], [2.0]]
+
+
+def test_a_subclass_of_a_builtin_backend_written_for_write_batch_still_writes(tmp_path):
+    with pytest.warns(DeprecationWarning, match="Tagged implements `write_batch`"):
+
+        class Tagged(ParquetBackend):  # as written for lox 0.1
+            def write_batch(self, run, table):
+                self.rows = getattr(self, "rows", 0) + table.num_rows
+                super().write_batch(run, table)
+
+    backend = Tagged(str(tmp_path))
+    logger = Logger([backend])
+    state = logger.init(name="tagged")
+    logger.log(state, lox.logdict({"x": np.arange(4.0)}, {"step": {"x": np.arange(4)}}))
+    logger.finish(state)
+    assert backend.rows == 4 and lox.load(tmp_path / state_run_id(logger))["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def state_run_id(logger):
+    (run,) = logger.runs()
+    return run.run_id
