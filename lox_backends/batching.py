@@ -21,6 +21,7 @@ per tick, and the router a few array operations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 
 import jax
@@ -50,6 +51,18 @@ class _Item:
     runs: np.ndarray  # run number per vmap element
     logs: logdict
     took: np.ndarray | None = None  # events: which elements' event is real (the others are padding of a cond)
+
+    @functools.cached_property  # asked of each item several times while grouping
+    def stackable(self) -> bool:
+        """A vmapped batch whose runs all hold the same events (no padding to trim),
+        each element its own run (a state that is not vmapped repeats one run)."""
+        return (
+            self.kind == "batch"
+            and self.batch_ndim > 0
+            and not self.logs.valid
+            and not any(np.any(n) for n in self.logs.dropped.values())
+            and np.unique(self.runs).size == self.runs.size
+        )
 
 
 class Waiting:
@@ -86,7 +99,7 @@ class Group:
         changed shape between calls, as those cannot be joined). And the first
         error of an item that could not be split: only that item is left out."""
         group = self._items
-        if group[0].kind == "batch" and group[0].batch_ndim and all(_stackable(g) for g in group):
+        if all(g.stackable for g in group):
             first = group[0]
             return [Part(first.runs, first.batch_ndim, _stack([g.logs for g in group], first.batch_ndim))], None
         pieces: list[tuple[int, logdict]] = []
@@ -122,7 +135,7 @@ def _same_group(a: _Item, b: _Item) -> bool:
     run), vmapped batches and events of one structure (stacked)."""
     if a.kind != b.kind:
         return False
-    if a.kind == "batch" and not (a.batch_ndim and _stackable(a) and _stackable(b)):
+    if a.kind == "batch" and not (a.stackable and b.stackable):
         return True
     # Same batch axes, same runs, same keys, shapes (but for the event axis) and steps.
     shapes = lambda item: [_without_events(x, item) for x in jax.tree_util.tree_leaves(item.logs)]  # noqa: E731
@@ -137,18 +150,6 @@ def _same_group(a: _Item, b: _Item) -> bool:
 def _without_events(x, item: _Item) -> tuple[int, ...]:
     shape = np.shape(x)
     return shape if item.kind == "events" else shape[: item.batch_ndim] + shape[item.batch_ndim + 1 :]
-
-
-def _stackable(item: _Item) -> bool:
-    """A vmapped batch whose runs all hold the same events (no padding to trim),
-    each element its own run (a state that is not vmapped repeats one run)."""
-    logs = item.logs
-    return (
-        item.kind == "batch"
-        and not logs.valid
-        and not any(np.any(n) for n in logs.dropped.values())
-        and np.unique(item.runs).size == item.runs.size
-    )
 
 
 def _stack(logs: list[logdict], batch_ndim: int) -> logdict:

@@ -26,6 +26,7 @@ folder) as one of its `listeners`.
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import json
 import os
@@ -323,6 +324,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
+@functools.cache  # the installed version does not change; reading package metadata costs a file read per run
 def _lox_version() -> str | None:
     try:
         return importlib.metadata.version("jax-lox")

@@ -81,8 +81,7 @@ class BatchFile:
         table = _read_table(self.path)
         if self.rows is None:
             return table
-        metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != RUNS_METADATA}  # the others'
-        return table.slice(*self.rows).replace_schema_metadata(metadata)
+        return _without_metadata(table.slice(*self.rows), (RUNS_METADATA,))  # the other runs' rows
 
 
 def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
@@ -114,8 +113,7 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
     """
     single, folders = locate(path)
     if single:
-        parts = [from_arrow(file.read()) for file in run_files(*folders[0])]
-        return concat(parts) if parts else logdict()
+        return _load_run(*folders[0], groups=None)
     groups = _Groups()
     return {os.path.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
 
@@ -163,14 +161,20 @@ def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
     return False, found
 
 
-def _load_run(folder: str, info: dict[str, Any], groups: _Groups) -> logdict:
-    # Files of the run's own folder one at a time: each file's schema metadata (step
-    # dtypes, empty series) describes that file only.
-    parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=False)]
-    if info.get("batches"):
-        group = os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"])
+def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logdict:
+    """One run: its files one at a time (each file's schema metadata, step dtypes and
+    empty series, describes that file only); with `groups`, its group's shared files
+    as converted once for all the runs being loaded."""
+    parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=groups is None)]
+    group = _batches_folder(folder, info)
+    if groups is not None and group is not None:
         parts += groups.parts(group, info.get("run_id", os.path.basename(folder)))
     return concat(parts) if parts else logdict()
+
+
+def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
+    """The folder of the batch files the run in `folder` shares with its group, if any."""
+    return os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"]) if info.get("batches") else None
 
 
 class _Groups:
@@ -194,9 +198,7 @@ class _Groups:
         segments: list[list[pa.Table]] = []
         listed: list[set[str]] = []
         for _, _, path in batch_files(folder):
-            table = _read_table(path)
-            metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k not in _PER_FILE}
-            table = table.replace_schema_metadata(metadata)
+            table = _without_metadata(_read_table(path), _PER_FILE)
             if not segments or not table.schema.equals(segments[-1][0].schema, check_metadata=True):
                 segments.append([])
                 listed.append(set())
@@ -213,6 +215,10 @@ class _Groups:
 
 
 _PER_FILE = (TIME_METADATA, RUNS_METADATA)  # schema metadata that differs from file to file
+
+
+def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
+    return table.replace_schema_metadata({k: v for k, v in (table.schema.metadata or {}).items() if k not in keys})
 
 
 def batch_file(path: str, run_id: str) -> BatchFile:
@@ -235,9 +241,9 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
     then (if `shared`) files of its group's batches folder that hold rows of the run."""
     files = [BatchFile(sequence, name, path) for sequence, name, path in batch_files(folder)]
     info = info if info is not None else read_run_json(folder, missing_ok=True) or {}
-    if shared and info.get("batches"):
+    group = _batches_folder(folder, info)
+    if shared and group is not None:
         run_id = info.get("run_id", os.path.basename(folder))
-        group = os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"])
         if os.path.isdir(group):
             for sequence, name, path in batch_files(group):
                 rows = runs_in(path).get(run_id)

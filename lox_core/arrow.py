@@ -115,13 +115,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lox_core import schema
-from lox_core.logdict import ARROW_COLUMNS, NO_STEP, logdict
+from lox_core.logdict import NO_STEP, logdict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-SCHEMA_VERSION = "1"
-RESERVED = ARROW_COLUMNS
 _DICT = pa.dictionary(pa.int32(), pa.string())
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -133,15 +131,20 @@ def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
     `run` names the run on every row (null when None), so that the tables of
     several runs can be concatenated and told apart by `from_arrow`.
     """
+    return _table(logs, run)[0]
+
+
+def _table(logs: logdict, run: str | None) -> tuple[pa.Table, np.ndarray]:
+    """`to_arrow`'s table, and the rows of each series (they lie together, in series order)."""
     if run is not None and not isinstance(run, str):
         raise TypeError(f"`run` must be a string or None, got {type(run).__name__}.")
     if logs.valid:  # padded series (`lox.spool(f, max_events=N)`): the recorded events only
         logs = logs._trimmed("to_arrow")
     step_names = list(logs.steps)
     for name in step_names:
-        if name in RESERVED:
+        if name in schema.COLUMNS:
             raise ValueError(
-                f"step name {name!r} is a column of the lox Arrow schema ({', '.join(RESERVED)}); "
+                f"step name {name!r} is a column of the lox Arrow schema ({', '.join(schema.COLUMNS)}); "
                 f"rename the step, e.g. `lox.log(..., {name}_step=...)`."
             )
     series = _series(logs)
@@ -163,7 +166,7 @@ def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
     columns["data"] = _data_column(series)
 
     metadata = {
-        "lox.schema": SCHEMA_VERSION,
+        "lox.schema": schema.SCHEMA_VERSION,
         "lox.step_dtypes": json.dumps(step_dtypes),
         "lox.step_batch_ndim": json.dumps({s.name: s.batch_ndim for s in series if s.batch_ndim}),
         "lox.empty_series": json.dumps(
@@ -176,9 +179,9 @@ def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
     }
     types = {"run": _DICT, "key": _DICT, "value": pa.float64(), "dtype": _DICT,
              "shape": pa.list_(pa.int32()), "data": pa.large_binary()}
-    schema = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
+    fields = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
                        metadata=metadata)
-    return pa.Table.from_arrays(list(columns.values()), schema=schema)
+    return pa.Table.from_arrays(list(columns.values()), schema=fields), counts
 
 
 def to_arrow_runs(logs: logdict, runs: list[str], batch_ndim: int) -> tuple[pa.Table, np.ndarray]:
@@ -212,13 +215,9 @@ def to_arrow_runs(logs: logdict, runs: list[str], batch_ndim: int) -> tuple[pa.T
     # Dicts rebuilt by hand: tree_map would sort their keys, and the key order is the logdict's.
     data = {key: jax.tree_util.tree_map(flat, value) for key, value in logs.items()}
     steps = {name: {key: flat(s) for key, s in per_key.items()} for name, per_key in logs.steps.items()}
-    table = to_arrow(logdict(data, steps))
-    # to_arrow writes each series' rows together: a series of n rows holds n / count events per run.
-    codes, _ = _codes(table.column("key"))
-    starts = np.flatnonzero(np.diff(codes, prepend=-1)) if len(codes) else np.zeros(0, np.int64)
-    sizes = np.diff(np.append(starts, len(codes)))
-    run_of_row = np.concatenate([np.repeat(np.arange(count), size // count) for size in sizes]) if len(sizes) else (
-        np.zeros(0, np.int64))
+    table, sizes = _table(logdict(data, steps), None)
+    # A series of n rows holds n / count events per run, run after run.
+    run_of_row = np.concatenate([np.repeat(np.arange(count), size // count) for size in sizes] + [np.zeros(0, int)])
     primary = schema.primary_step(schema.step_names(table))
     if primary is None:
         order = np.argsort(run_of_row, kind="stable")
@@ -524,22 +523,22 @@ class _Header:
     """What a table's schema says: its step columns and the lox metadata."""
 
     def __init__(self, table: pa.Table):
-        missing = [c for c in RESERVED if c not in table.column_names]
+        missing = [c for c in schema.COLUMNS if c not in table.column_names]
         if missing:
             raise ValueError(
                 f"the table lacks the column(s) {', '.join(map(repr, missing))} of the lox Arrow schema; "
                 "it must have run, key, value, dtype, shape and data (see lox_core.arrow)."
             )
         meta = _metadata(table)
-        if meta.get("lox.schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+        if meta.get("lox.schema", schema.SCHEMA_VERSION) != schema.SCHEMA_VERSION:
             raise ValueError(
-                f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version {SCHEMA_VERSION}. "
-                "Upgrade lox."
+                f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version "
+                f"{schema.SCHEMA_VERSION}. Upgrade lox."
             )
         self.step_dtypes = _json(meta, "lox.step_dtypes")
         self.batch_ndims = _json(meta, "lox.step_batch_ndim")
         self.empty_series = _json(meta, "lox.empty_series")
-        self.step_names = [c for c in table.column_names if c not in RESERVED]
+        self.step_names = schema.step_names(table)
         for name in self.step_names:
             if not pa.types.is_integer(table.schema.field(name).type):
                 raise TypeError(

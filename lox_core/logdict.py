@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are ma
 # real step is negative that far, and it fits every integer dtype JAX uses.
 NO_STEP = -(2**31)
 # The columns of a logdict as an Arrow table (`to_arrow`) besides one per step name.
-ARROW_COLUMNS = ("run", "key", "value", "dtype", "shape", "data")
 
 REDUCTIONS = ("mean", "sum", "min", "max", "first", "last")
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import lox
 from lox_core import schema
-from lox_core.arrow import RESERVED, from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
+from lox_core.arrow import from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
 
 DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
           np.complex64]
@@ -341,7 +341,7 @@ def test_tables_from_polars_and_duckdb_read_back(tmp_path):
 
 
 # --- errors -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", RESERVED)
+@pytest.mark.parametrize("name", schema.COLUMNS)
 def test_reserved_step_name_says_to_rename(name):
     logs = lox.logdict({"loss": np.zeros(2)}, steps={name: {"loss": np.arange(2)}})
     with pytest.raises(ValueError, match=rf"step name '{name}' is a column of the lox Arrow schema .*rename the step"):
@@ -365,7 +365,7 @@ def test_unknown_run_names_the_known_ones():
     assert from_arrow(to_arrow(lox.logdict({"x": np.zeros(0)}), run="a"), run="c")["x"].shape == (0,)
 
 
-@pytest.mark.parametrize("column", RESERVED)
+@pytest.mark.parametrize("column", schema.COLUMNS)
 def test_missing_column_is_named(column):
     table = to_arrow(lox.logdict({"x": np.zeros(1)}))
     with pytest.raises(ValueError, match=rf"lacks the column\(s\) '{column}' of the lox Arrow schema"):
