@@ -16,7 +16,9 @@ Each batch file holds a table in lox's Arrow schema (``lox_core.arrow``) with
 the rows of every run of the group that logged since the previous flush, each
 run's rows together. Its schema metadata also holds ``lox.runs`` (run id →
 [first row, rows]) and ``lox.time_ms``, when it was written (Unix
-milliseconds), the timestamp trackers give its values. Files are ordered by
+milliseconds), the timestamp trackers give its values, and ``lox.scalars``
+is ``"1"`` when every row holds a scalar in ``value`` (`load` then skips the
+``shape`` and ``data`` columns). Files are ordered by
 their sequence number; the eight random hex digits keep two writers apart
 that would otherwise pick the same name. So the number of files grows with
 the number of flushes, not with the number of runs.
@@ -35,24 +37,30 @@ for one run.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import functools
+import gc
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lox_core.arrow import from_arrow, from_arrow_runs
+from lox_core.arrow import StepRows, from_arrow, from_arrow_runs
 from lox_core.logdict import concat, logdict
 
 DEFAULT_DIR = "lox-runs"
 RUN_FILE = "_run.json"
 TIME_METADATA = b"lox.time_ms"  # when a batch file was written (Unix ms): the time trackers give its values
 RUNS_METADATA = b"lox.runs"  # run id -> [first row, rows] of a batch file's runs
+SCALARS_METADATA = b"lox.scalars"  # "1": every row a scalar with a value (shape and data empty, not read)
 BATCHES_SUFFIX = ".batches"  # DIR/<group>.batches: the batch files of a Logger's runs
 BATCH_FILE = re.compile(r"batch-(\d+)-([0-9a-f]{8})\.parquet")
 
@@ -111,11 +119,26 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
     >>> list(everything)
     ['run-0']
     """
-    single, folders = locate(path)
-    if single:
-        return _load_run(*folders[0], groups=None)
-    groups = _Groups()
-    return {os.path.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
+    path = os.fspath(path)
+    with _gc_paused(), _Groups() as groups:
+        single, folders = locate(path)
+        if single:
+            return _load_run(*folders[0], groups=None)
+        return {os.path.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while the runs are read: it would find no cycle in
+    what `load` builds, and its passes over a large process (JAX loaded, a
+    model in memory) cost more than the reading itself."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -166,10 +189,10 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     empty series, describes that file only); with `groups`, its group's shared files
     as converted once for all the runs being loaded."""
     parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=groups is None)]
-    group = _batches_folder(folder, info)
-    if groups is not None and group is not None:
+    if groups is not None and info.get("batches"):  # `folder` lies in the folder of runs being loaded
+        group = os.path.join(os.path.dirname(folder), info["batches"])
         parts += groups.parts(group, info.get("run_id", os.path.basename(folder)))
-    return concat(parts) if parts else logdict()
+    return parts[0] if len(parts) == 1 else concat(parts) if parts else logdict()
 
 
 def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
@@ -179,42 +202,88 @@ def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
 
 class _Groups:
     """The shared batch files of groups of runs, each group read and converted
-    once for all its runs (`load` of a folder of runs)."""
+    once for all its runs (`load` of a folder of runs), its files read in
+    parallel."""
 
     def __init__(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(8)  # pyarrow and NumPy work without the GIL
         self._converted: dict[str, list[dict[str | None, logdict]]] = {}
+
+    def __enter__(self) -> _Groups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(cancel_futures=True)
 
     def parts(self, folder: str, run_id: str) -> list[logdict]:
         """The run's logs in the group's files, in order (several parts only
         where the files' schemas differ)."""
         if folder not in self._converted:
-            self._converted[folder] = self._convert(folder) if os.path.isdir(folder) else []
+            paths = [path for _, _, path in batch_files(folder)] if os.path.isdir(folder) else []
+            self._converted[folder] = _convert(list(self._pool.map(_decode, paths)))
         return [segment[run_id] for segment in self._converted[folder] if run_id in segment]
 
-    @staticmethod
-    def _convert(folder: str) -> list[dict[str | None, logdict]]:
-        # Consecutive files whose schema (metadata included, but for when they were
-        # written and which runs they hold) is the same are joined, then converted at once.
-        segments: list[list[pa.Table]] = []
-        listed: list[set[str]] = []
-        for _, _, path in batch_files(folder):
-            table = _without_metadata(_read_table(path), _PER_FILE)
-            if not segments or not table.schema.equals(segments[-1][0].schema, check_metadata=True):
-                segments.append([])
-                listed.append(set())
-            segments[-1].append(table)
-            listed[-1].update(runs_in(path))
-        converted = []
-        for tables, runs in zip(segments, listed, strict=True):
-            table = pa.concat_tables(tables)
+
+def _convert(files: list[_Decoded]) -> list[dict[str | None, logdict]]:
+    """The runs of a group's files: consecutive files whose schema (metadata included,
+    but for when they were written and which runs they hold) is the same are converted at once."""
+    segments: list[list[_Decoded]] = []
+    for file in files:
+        if not segments or not file.table.schema.equals(segments[-1][0].table.schema, check_metadata=True):
+            segments.append([])
+        segments[-1].append(file)
+    converted = []
+    for segment in segments:
+        rows = [file.rows for file in segment]
+        by_run = StepRows.join(rows) if all(r is not None for r in rows) else None  # type: ignore[arg-type]
+        table = pa.concat_tables([file.table for file in segment])
+        if by_run is None:
             by_run = from_arrow_runs(table)
-            for run in runs - set(by_run):  # runs without rows: their series without events, if any
-                by_run[run] = from_arrow(table.slice(0, 0))
-            converted.append(by_run)
-        return converted
+        for run in set().union(*(file.runs for file in segment)) - set(by_run):
+            by_run[run] = from_arrow(table.slice(0, 0))  # runs without rows: their series without events
+        converted.append(by_run)
+    return converted
 
 
-_PER_FILE = (TIME_METADATA, RUNS_METADATA)  # schema metadata that differs from file to file
+@dataclasses.dataclass
+class _Decoded:
+    """A shared batch file as read for `load`: its table (without the per-file
+    metadata), its runs, and its rows in the common form if they are."""
+
+    table: pa.Table
+    runs: dict[str, list[int]]
+    rows: StepRows | None
+
+
+def _decode(path: str) -> _Decoded:
+    try:  # read once: not worth keeping in _read_table's cache
+        file = pq.ParquetFile(path)
+        if (file.schema_arrow.metadata or {}).get(SCALARS_METADATA) == b"1":
+            table = _scalars(file)
+        else:
+            table = file.read()
+    except (OSError, pa.ArrowException) as e:
+        raise _damaged(path, e) from e
+    runs = json.loads((table.schema.metadata or {}).get(RUNS_METADATA, b"{}"))
+    table = _without_metadata(table, _PER_FILE)
+    return _Decoded(table, runs, StepRows.of(table))
+
+
+def _scalars(file: pq.ParquetFile) -> pa.Table:
+    """A file of scalar rows without reading its shape and data columns: they are
+    empty lists and nulls on every row."""
+    whole = file.schema_arrow
+    table = file.read(columns=[name for name in whole.names if name not in ("shape", "data")])
+    rows = table.num_rows
+    shape = whole.field("shape")
+    empty = pa.ListArray.from_arrays(pa.array(np.zeros(rows + 1, np.int32)), pa.array([], shape.type.value_type),
+                                     type=shape.type)
+    table = table.add_column(whole.get_field_index("shape"), shape, empty)
+    data = whole.field("data")
+    return table.add_column(whole.get_field_index("data"), data, pa.nulls(rows, data.type))
+
+
+_PER_FILE = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA)  # schema metadata that differs from file to file
 
 
 def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
@@ -240,9 +309,11 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
     is `info`), in order: files of its own folder (written by lox before 0.2),
     then (if `shared`) files of its group's batches folder that hold rows of the run."""
     files = [BatchFile(sequence, name, path) for sequence, name, path in batch_files(folder)]
+    if not shared:
+        return files
     info = info if info is not None else read_run_json(folder, missing_ok=True) or {}
     group = _batches_folder(folder, info)
-    if shared and group is not None:
+    if group is not None:
         run_id = info.get("run_id", os.path.basename(folder))
         if os.path.isdir(group):
             for sequence, name, path in batch_files(group):
@@ -267,6 +338,10 @@ def runs_in(path: str) -> dict[str, list[int]]:
 # `lox sync` goes run by run through a group's files, which this many files keeps in memory.
 @functools.lru_cache(maxsize=16)
 def _read_table(path: str) -> pa.Table:
+    return _read_uncached(path)
+
+
+def _read_uncached(path: str) -> pa.Table:
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as e:

@@ -489,6 +489,10 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
     header = _Header(table)
     if table.num_rows == 0:
         return {}
+    by_step = StepRows.of(table)
+    joined = StepRows.join([by_step]) if by_step is not None else None
+    if joined is not None:
+        return joined
     if table.column("run").null_count == table.num_rows:
         run_codes, run_names = np.zeros(table.num_rows, np.int64), [None]
     else:
@@ -517,6 +521,114 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
         keys = [key_names[int(groups[starts[g]]) % len(key_names)] for g in members]
         out[run_names[run]] = header.logdict(columns, keys, starts[members], counts[members])
     return out
+
+
+class StepRows:
+    """The rows of a table in the form lox writes most, read without a sort:
+    scalars only, no nulls, and rows in groups of P (one step of one run) that
+    hold the same P keys in the same order (one `lox.log` of P scalars per
+    step). A key's rows are then every P-th row, and a run's rows a few blocks
+    of such groups. `of` gives None for a table of another form.
+
+    `of` converts one table (a batch file, in a thread as it is read) and
+    `join` puts several together (a group's files, in order).
+    """
+
+    __slots__ = ("header", "keys", "runs", "starts", "ends", "values", "steps")
+
+    def __init__(self, header: _Header, keys: list[str], runs: list, starts: np.ndarray, ends: np.ndarray,
+                 values: list[np.ndarray], steps: dict[str, list[np.ndarray]]):
+        self.header, self.keys, self.runs = header, keys, runs
+        self.starts, self.ends = starts, ends  # blocks of steps, each of one run (runs[i]), in table order
+        self.values, self.steps = values, steps  # per key: its events, in table order
+
+    @staticmethod
+    def of(table: pa.Table) -> StepRows | None:
+        header = _Header(table)
+        rows = table.num_rows
+        if rows == 0 or table.column("value").null_count or table.column("data").null_count != rows:
+            return None
+        if table.column("key").null_count or any(table.column(n).null_count for n in header.step_names):
+            return None
+        if any(len(chunk.flatten()) for chunk in table.column("shape").chunks):
+            return None  # an event with a dimension
+        key_codes, key_names = _codes(table.column("key"))
+        again = np.flatnonzero(key_codes[1 : len(key_names) + 1] == key_codes[0])
+        width = int(again[0]) + 1 if len(again) else len(key_names)
+        pattern = key_codes[:width]
+        if rows % width or len(np.unique(pattern)) != width:
+            return None
+        dtype_codes, dtype_names = _codes(table.column("dtype"))
+        if table.column("run").null_count == rows:
+            run_codes, run_names = np.zeros(rows, np.int64), [None]
+        else:
+            run_codes, run_names = _codes(table.column("run"))
+        if (dtype_codes[:width] < 0).any() or not (key_codes.reshape(-1, width) == pattern).all():
+            return None
+        if len(set(dtype_names)) > 1 and not (dtype_codes.reshape(-1, width) == dtype_codes[:width]).all():
+            return None
+        # Where the run changes: only between steps (multiples of P), never to null.
+        changes = np.flatnonzero(run_codes[1:] != run_codes[:-1]) + 1
+        if (changes % width).any() or (run_codes[np.append(0, changes)] < 0).any():
+            return None
+        starts = np.append(0, changes // width)
+        ends = np.append(starts[1:], rows // width)
+        value = table.column("value").combine_chunks().to_numpy().reshape(-1, width)
+        with np.errstate(invalid="ignore"):  # NaN to an integer or bool dtype, as astype does
+            values = [value[:, p].astype(_dtype(dtype_names[int(c)])) for p, c in enumerate(dtype_codes[:width])]
+        steps = {}
+        for name in header.step_names:
+            column = table.column(name).combine_chunks().cast(pa.int64()).to_numpy().reshape(-1, width)
+            steps[name] = [column[:, p].astype(header.step_dtypes.get(name, "int64")) for p in range(width)]
+        return StepRows(header, [key_names[int(c)] for c in pattern],
+                        [run_names[int(c)] for c in run_codes[starts * width]], starts, ends, values, steps)
+
+    @staticmethod
+    def join(parts: list[StepRows]) -> dict[str | None, logdict] | None:
+        """Every run of `parts` (tables of one schema, in order) as ``{run: logdict}``
+        in order of first appearance; None where the parts hold different keys."""
+        first = parts[0]
+        if any(p.keys != first.keys or p.steps.keys() != first.steps.keys()
+               or [v.dtype for v in p.values] != [v.dtype for v in first.values] for p in parts):
+            return None
+        ids: dict = {}  # run -> its index, in order of first appearance
+        block_runs = np.array([ids.setdefault(run, len(ids)) for p in parts for run in p.runs], np.int64)
+        offsets = np.cumsum([0] + [len(p.values[0]) for p in parts])[:-1]
+        block_starts = np.concatenate([p.starts + o for p, o in zip(parts, offsets, strict=True)])
+        block_sizes = np.concatenate([p.ends - p.starts for p in parts])
+        order = np.argsort(block_runs, kind="stable")
+        if len(block_runs) == len(ids) and bool(np.all(order[1:] > order[:-1])):
+            gather = None  # one block per run, in run order: the events are in place
+        else:  # where each event comes from, run by run: +1 within a block, a jump between blocks
+            sizes, starts = block_sizes[order], block_starts[order]
+            total = int(sizes.sum())
+            gather = np.ones(total, np.intp)
+            kept = sizes > 0
+            firsts = (np.cumsum(sizes) - sizes)[kept]  # where each block lands
+            starts, sizes = starts[kept], sizes[kept]
+            if total:
+                gather[firsts[1:]] = starts[1:] - (starts[:-1] + sizes[:-1] - 1)
+                gather[0] = starts[0]
+            np.cumsum(gather, out=gather)
+
+        def joined(pieces: list[np.ndarray]) -> np.ndarray:
+            events = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            return events if gather is None else events[gather]
+
+        values = [joined([p.values[k] for p in parts]) for k in range(len(first.keys))]
+        steps = {name: [joined([p.steps[name][k] for p in parts]) for k in range(len(first.keys))]
+                 for name in first.steps}
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(block_runs, weights=block_sizes, minlength=len(ids)))])
+        bounds = bounds.astype(np.int64).tolist()
+        header, out = first.header, {}
+        for run, i in ids.items():
+            a, b = bounds[i], bounds[i + 1]
+            out[run] = header.complete(
+                {key: v[a:b] for key, v in zip(first.keys, values, strict=True)},
+                {name: {key: s[a:b] for key, s in zip(first.keys, per_key, strict=True)}
+                 for name, per_key in steps.items()},
+            )
+        return out
 
 
 class _Header:
@@ -557,7 +669,10 @@ class _Header:
                 s = columns.steps(name, start, count)
                 if s is not None:
                     steps[name][key] = _broadcast(s.astype(self.step_dtypes.get(name, "int64")), shape[:k])
+        return self.complete(data, steps)
 
+    def complete(self, data: dict[str, np.ndarray], steps: dict[str, dict[str, np.ndarray]]) -> logdict:
+        """The logdict of the series read, with the series without events put back in place."""
         for key, info in sorted(self.empty_series.items(), key=lambda kv: kv[1]["position"]):
             if key in data:
                 continue

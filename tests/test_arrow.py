@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import lox
 from lox_core import schema
-from lox_core.arrow import from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
+from lox_core.arrow import StepRows, from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
+from lox_core.logdict import concat
 
 DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
           np.complex64]
@@ -175,6 +176,60 @@ def test_from_arrow_runs_gives_each_run_what_from_arrow_gives_it(logs, count, se
     assert sorted(got) == sorted(present)
     for run in present:
         assert_same_logs(from_arrow(table, run=run), got[run])
+
+
+SCALAR_DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+
+
+@st.composite
+def batch_files(draw):
+    """Tables as a group's batch files hold them: runs logging the same scalar keys at
+    every step (one `lox.log` per step), each file a stretch of steps of every run,
+    the runs in any order and with any number of steps; sometimes with a step missing."""
+    keys = draw(st.lists(st.sampled_from(ODD_KEYS), min_size=1, max_size=3, unique=True))
+    dtypes = {key: np.dtype(draw(st.sampled_from(SCALAR_DTYPES))) for key in keys}
+    names = draw(st.lists(st.sampled_from(STEP_NAMES), unique=True, max_size=2))
+    step_dtypes = {name: draw(st.sampled_from([np.int32, np.int64])) for name in names}
+    runs, files, hole = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    tables = []
+    for f in range(files):
+        per_run = []
+        for r in rng.permutation(runs):
+            n = int(rng.integers(1, 6))
+            data = {key: rng.integers(0, 256, n * d.itemsize, dtype=np.uint8).view(d) if d != np.bool_
+                    else rng.integers(0, 2, n).astype(bool) for key, d in dtypes.items()}
+            at = (10 * f + np.arange(n)).astype(np.int64)
+            steps = {name: {key: at.astype(step_dtypes[name]) for key in keys} for name in names}
+            if hole and names:
+                steps[names[0]][keys[0]] = np.where(np.arange(n) == 0, lox.NO_STEP, at).astype(step_dtypes[names[0]])
+            per_run.append(schema.order_by_step(to_arrow(lox.logdict(data, steps), run=f"r{r}")))
+        tables.append(pa.concat_tables(per_run))
+    common = bool(names) and not hole and all(d.kind in "bf" or d.itemsize <= 4 for d in dtypes.values())
+    return tables, common
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch_files())
+def test_batch_files_read_at_once_give_each_run_what_from_arrow_gives_it(files):
+    tables, common = files
+    rows = [StepRows.of(t) for t in tables]
+    if common:  # the form lox writes most is read without a sort
+        assert all(r is not None for r in rows)
+    whole = pa.concat_tables(tables)
+    runs = list(dict.fromkeys(whole.column("run").to_pylist()))
+    expected = {run: from_arrow(whole, run=run) for run in runs}  # one run at a time, sorting its rows by key
+    if all(r is not None for r in rows):
+        joined = StepRows.join(rows)  # type: ignore[arg-type]
+        assert joined is not None
+        for run in runs:  # also what the files give one by one
+            assert_same_logs(concat([from_arrow(t, run=run) for t in tables]), joined[run])
+    else:
+        joined = from_arrow_runs(whole)
+    for got in (joined, from_arrow_runs(whole)):
+        assert list(got) == runs  # in order of first appearance
+        for run in runs:
+            assert_same_logs(expected[run], got[run])
 
 
 def test_empty_logdict_and_empty_series_round_trip():

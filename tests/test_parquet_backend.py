@@ -22,6 +22,7 @@ from logs_testing import assert_logs_equal, event
 import lox
 from lox_backends import hooks, parquet
 from lox_backends.parquet import ParquetBackend
+from lox_core import schema
 from lox_core.arrow import to_arrow
 from lox_core.logdict import concat
 
@@ -503,6 +504,37 @@ def test_the_runs_of_a_group_share_one_file_per_flush(tmp_path):
     assert_logs_equal(parquet.load(tmp_path / "seed-63"), concat(want["seed-63"]))
     frame = pd.read_parquet(tmp_path, filters=[("run", "==", "seed-5"), ("key", "==", "count")])
     assert sorted(frame["value"]) == [float(s + 5) for s in range(12)]
+
+
+@pytest.mark.parametrize("with_arrays", [False, True])
+def test_a_group_read_back_whatever_its_flushes_hold(tmp_path, with_arrays):
+    # Flushes of scalars only (read without their shape and data columns, and without a
+    # sort), flushes with arrays, runs in a different order in each flush, some runs
+    # missing from some.
+    backend = ParquetBackend(str(tmp_path))
+    runs = [hooks.RunInfo(f"seed-{i}", name=f"seed-{i}", group="sweep", index=i) for i in range(5)]
+    want = {run.run_id: [] for run in runs}
+    for run in runs:
+        backend.open_run(run)
+    rng = np.random.default_rng(0)
+    for flush in range(6):
+        for i in rng.permutation(len(runs))[: 3 + flush % 3]:
+            n = int(rng.integers(1, 4))
+            logs = make_logs(10 * flush + i, n)
+            if flush % 2 == 0 or not with_arrays:  # scalars only: loss and count, one step of each after the other
+                logs = lox.logdict({"loss": logs["loss"], "count": logs["count"]},
+                                   steps={"step": {"loss": logs.step["loss"], "count": logs.step["count"]}})
+            want[runs[i].run_id].append(logs)
+            backend.write(runs[i], schema.order_by_step(to_arrow(logs, run=runs[i].run_id)))
+        backend.flush()
+    backend.close()
+    files = sorted((tmp_path / "sweep.batches").glob("batch-*.parquet"))
+    scalars = [pq.read_schema(f).metadata.get(b"lox.scalars") == b"1" for f in files]
+    assert scalars == ([True, False] * 3 if with_arrays else [True] * 6)
+    loaded = parquet.load(tmp_path)
+    for run in runs:
+        assert_logs_equal(loaded[run.run_id], concat(want[run.run_id]))
+        assert_logs_equal(parquet.load(tmp_path / run.run_id), concat(want[run.run_id]))
 
 
 def test_old_and_new_runs_side_by_side_and_an_old_run_continued(tmp_path):
