@@ -32,10 +32,11 @@ from lox_backends import hooks, shutdown
 from lox_backends.batching import Part, Waiting
 from lox_backends.checks import LogChecks
 from lox_backends.config import BackendConfig, parse
+from lox_backends.processes import Job, host_local
 from lox_backends.registry import registry
-from lox_backends.runs import Runs, safe_name
+from lox_backends.runs import Runs, new_group, safe_name
 from lox_backends.worker import BackendError, BackendWorker, Worker
-from lox_core import schema, spool, tap
+from lox_core import _compat, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
@@ -86,6 +87,7 @@ class Logger:
         name: str = "lox",
         timeout: float = DEFAULT_TIMEOUT,
         flush_every: float = DEFAULT_FLUSH_EVERY,
+        processes: str = "first",
     ):
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
@@ -101,7 +103,9 @@ class Logger:
             backend.attach(self.backends)
         self.name: str = name
         self.timeout: float = timeout
-        self._runs = Runs(name)
+        # In a multi-process job: run ids agreed by every process, and who writes (lox_backends.processes).
+        self._job = Job(processes)
+        self._runs = Runs(name, group=self._job.group(lambda: new_group(name), timeout))
         self.group: str = self._runs.group  # shared by the runs this logger opens
         self._checks = LogChecks()
         self._waiting = Waiting()
@@ -130,6 +134,14 @@ class Logger:
         Works eagerly, under jit and under vmap: one run per element.
         """
         self._check_open()
+        self._job.check_unchanged()
+        if self._job.count > 1 and self._job.processes == "each":
+            if _compat.staging_trace() is not None:
+                raise ValueError(
+                    "with `processes='each'`, call `logger.init` outside jax.jit in a multi-process job: inside "
+                    "it, only the process of the program's first device would open the runs."
+                )
+            metadata = {**metadata, "process_index": self._job.index}
         static = {k: v for k, v in metadata.items() if not isinstance(v, (jax.Array, np.ndarray))}  # tracers too
         dynamic = {k: jnp.asarray(v) for k, v in metadata.items() if k not in static}
         key_dtype = getattr(key, "dtype", None)
@@ -154,8 +166,8 @@ class Logger:
                 if key is not None:
                     meta["key"] = seed[index].tolist()
                 run = self._runs.open(meta, position if batch_shape else None)
-                # Inside `jax.pure_callback`: must not block or raise.
-                self._router.submit(lambda run=run: self._announce(run))
+                if self._job.writes:  # inside `jax.pure_callback`: must not block or raise
+                    self._router.submit(lambda run=run: self._announce(run))
                 numbers[index] = run.index
             return numbers
 
@@ -192,7 +204,8 @@ class Logger:
         (under vmap, one host call per event for all seeds). With ``buffer=K``
         the events of loops cross to the host K at a time (see `lox.tap`)."""
         tapped = tap.tap_with_context(
-            fun, self._receive_event, wait=False, block_callback=self._receive_block, **options
+            fun, self._receive_event, wait=False, block_callback=self._receive_block,
+            per_device_error=self._job.per_device_error, **options
         )
 
         def run(*args, **kwargs):
@@ -214,9 +227,15 @@ class Logger:
             raise TypeError(f"`logger.log` takes the state returned by `logger.init`, got {type(state).__name__}.")
         self._checks.check(logs, tuple(np.shape(state.run)))  # shapes are static: traced ones too
         if traced((state, logs)):
+            if self._job.per_device_error is not None and _compat.manual_axes():
+                raise ValueError(self._job.per_device_error)
             # Chained, not ordered: an ordered effect is refused on more than one device.
             chain_end(host_call(self._receive_logged, state.run, logs, guarded=False, token=chain_start()))
             return
+        if self._job.count > 1:
+            logs = host_local(logs)  # on every process at once: values sharded across processes gathered
+            if not self._job.writes:
+                return  # process 0 writes them
         # Device arrays go to the router as they are (no transfer in this thread);
         # NumPy arrays are copied, since the caller may reuse them.
         logs = jax.tree_util.tree_map(lambda x: x if isinstance(x, jax.Array) else np.array(x), logs)
@@ -353,11 +372,14 @@ class Logger:
         if traced(state):
             raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
         jax.effects_barrier()
-        closing = self._runs.finishing([int(n) for n in np.asarray(state.run).reshape(-1)])
+        # A process that does not write may not know runs opened under jit (on process 0).
+        numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1)]
+        closing = self._runs.finishing(numbers, strict=self._job.writes)
 
         def close_run(run: hooks.RunInfo) -> None:
             self._runs.mark_finished(run)  # in order with the logs: what arrives later is refused
-            self._to_backends(lambda b: b.close_run(run))
+            if self._job.writes or run.index in self._announced:
+                self._to_backends(lambda b: b.close_run(run))
 
         self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout)
 
@@ -479,19 +501,24 @@ def from_config(
     name: str = "lox",
     timeout: float = DEFAULT_TIMEOUT,
     flush_every: float = DEFAULT_FLUSH_EVERY,
+    processes: str = "first",
 ) -> Logger:
     """A Logger for a config string such as ``"console,parquet:runs"``.
 
     Without `config`, the ``LOX_BACKENDS`` environment variable is used, and
     without it ``parquet:lox-runs`` (the embedded default: Parquet files in
-    ``./lox-runs``). See `lox_backends.config` for the grammar.
+    ``./lox-runs``). See `lox_backends.config` for the grammar. In a job of
+    several processes (`jax.distributed`), process 0 writes every run, or with
+    ``processes="each"`` each process writes runs of its own (see
+    `lox_backends.processes`).
 
     >>> [type(b).__name__ for b in from_config("console,memory").backends]
     ['ConsoleBackend', 'MemoryBackend']
     """
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
-    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every)
+    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every,
+                  processes=processes)
 
 
 def backend_logger(
@@ -501,12 +528,14 @@ def backend_logger(
     name: str = "lox",
     timeout: float = DEFAULT_TIMEOUT,
     flush_every: float = DEFAULT_FLUSH_EVERY,
+    processes: str = "first",
     **options: Any,
 ) -> Logger:
     """A Logger for one backend by name: ``backend_logger("parquet", "runs",
     compression="zstd")``; `options` are the backend's (its ``?key=value``)."""
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
-    return Logger([registry.create(config)], name=name, timeout=timeout, flush_every=flush_every)
+    return Logger([registry.create(config)], name=name, timeout=timeout, flush_every=flush_every,
+                  processes=processes)
 
 
 def ConsoleLogger(**options: Any) -> Logger:  # noqa: N802 - the name users know
@@ -532,7 +561,7 @@ def SaveLogger(path: str | os.PathLike[str] = "lox-runs", **options: Any) -> Log
     return backend_logger("parquet", os.fspath(path), **options)
 
 
-def MultiLogger(*loggers: Logger, name: str = "lox") -> Logger:  # noqa: N802
+def MultiLogger(*loggers: Logger, name: str = "lox", processes: str = "first") -> Logger:  # noqa: N802
     """One Logger writing to the backends of all `loggers` (which must not have
     opened runs yet: their backends now belong to the combined logger).
 
@@ -554,4 +583,4 @@ def MultiLogger(*loggers: Logger, name: str = "lox") -> Logger:  # noqa: N802
         lg._stop()
     backends: list[hooks.Backend] = [b for lg in loggers for b in lg.backends]
     return Logger(backends, name=name, timeout=max(lg.timeout for lg in loggers),
-                  flush_every=min(lg._flush_every for lg in loggers))
+                  flush_every=min(lg._flush_every for lg in loggers), processes=processes)

@@ -28,12 +28,17 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "lox"
 
 
+def new_group(name: str) -> str:
+    """A new group id: the logger's name, when, and random digits."""
+    return f"{safe_name(name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
 class Runs:
     """The runs of one Logger (thread-safe: runs open in JAX's callback threads)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, group: str | None = None):
         self.name = name
-        self.group = f"{safe_name(name)}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.group = new_group(name) if group is None else group
         self._runs: list[RunInfo] = []
         self._open: set[int] = set()
         self._finished: set[int] = set()  # runs whose close reached the backends
@@ -62,12 +67,14 @@ class Runs:
         with self._lock:
             return list(self._runs)
 
-    def finishing(self, numbers: list[int]) -> list[RunInfo]:
+    def finishing(self, numbers: list[int], strict: bool = True) -> list[RunInfo]:
         """The runs among `numbers` that are still open, now marked as finishing;
-        a number this logger never gave out is an error."""
+        a number this logger never gave out is an error if `strict` (else ignored)."""
         with self._lock:
             unknown = [n for n in numbers if n >= len(self._runs) or n < 0]
-            if unknown:
+            if unknown and not strict:
+                numbers = [n for n in numbers if n not in unknown]
+            elif unknown:
                 raise ValueError(f"`logger.finish` got run number {unknown[0]}, which this logger did not open.")
             closing = [self._runs[n] for n in dict.fromkeys(numbers) if n in self._open]
             self._open.difference_update(numbers)

@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax._src import core, effects, linear_util, source_info_util
 from jax._src import debugging as _debugging
+from jax._src import distributed as _distributed
 from jax._src.ad_checkpoint import remat_p as _remat_p
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
@@ -351,5 +352,23 @@ def varying_in_manual_axes(x):
     """`x` typed as varying over the manual axes of the enclosing `shard_map`
     (if any), so that a loop may carry it while values that differ per device
     are written into it."""
-    axes = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+    axes = manual_axes()
     return jax.lax.pcast(x, axes, to="varying") if axes else x
+
+
+# --- multi-process jobs ------------------------------------------------------------
+def distributed_runtime() -> tuple[int, int, Any]:
+    """(process index, process count, key-value client) of the job that
+    `jax.distributed.initialize` joined, or (0, 1, None) outside one: read
+    without initializing JAX's backends (which would make a later
+    `jax.distributed.initialize` fail)."""
+    state = _distributed.global_state
+    client = getattr(state, "client", None)
+    if client is None:
+        return 0, 1, None
+    return int(state.process_id), int(state.num_processes), client
+
+
+def manual_axes() -> tuple:
+    """The mesh axes of the enclosing `shard_map` or `pmap` (empty outside them)."""
+    return tuple(jax.sharding.get_abstract_mesh().manual_axes)

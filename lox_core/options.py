@@ -73,6 +73,7 @@ class TapOptions:
     buffer: int | None = None
     with_context: bool = False
     block_callback: Callable | None = None
+    per_device_error: str | None = None  # why host calls per device (in shard_map / pmap) are refused
 
     @property
     def transform(self) -> str:

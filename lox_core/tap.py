@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lox_core import _compat
 from lox_core import buffer as buffering
 from lox_core.delivery import Delivery, print_event
 from lox_core.host import chain_end, chain_start, host_call
@@ -50,6 +51,12 @@ class TapHandler(Handler):
         self.buffer = options.buffer
         self.delivery = Delivery(options.callback, options.prefix, options.batched, options.with_context,
                                  options.block_callback)
+        self.per_device_error = options.per_device_error
+
+    def _check_placement(self) -> None:
+        """Refuse a host call that would run on every device, where the caller says why."""
+        if self.per_device_error is not None and _compat.manual_axes():
+            raise ValueError(self.per_device_error)
 
     # --- the carried state (see `Handler`) ---------------------------------------------
     def fresh_state(self, like=None):
@@ -166,6 +173,8 @@ class TapHandler(Handler):
         def send(token, when, counts, arrays):
             return host_call(deliver, when, counts, arrays, context, token=token)
 
+        self._check_placement()
+
         state.token = buffers.send_when(when, self._token(), send)
 
     def _context(self, keys):
@@ -190,6 +199,7 @@ class TapHandler(Handler):
         leaves, tree = jax.tree_util.tree_flatten(logs)
         unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
         deliver = self.delivery.chunk(tree, where)
+        self._check_placement()
         self.state.token = host_call(deliver, unique, when, self._context(list(logs)), token=self._token())
 
     # --- events ----------------------------------------------------------------------
@@ -205,6 +215,7 @@ class TapHandler(Handler):
             return None
         deliver = self.delivery.event(keys, names)
         context = self._context(keys)
+        self._check_placement()
         state.token = host_call(
             deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token()
         )
@@ -358,6 +369,7 @@ def tap_with_context(
     wait: bool = True,
     buffer: int | None = None,
     block_callback: Callable | None = None,
+    per_device_error: str | None = None,
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Iterable[str] = (),
 ) -> Callable[..., Any]:
@@ -375,9 +387,13 @@ def tap_with_context(
     With ``buffer=K`` (as in `tap`), the events of loops reach
     ``block_callback(batch_ndim, logs, context)`` instead, several at a time:
     `logs` as spooled logs are, with the batch axes in front.
+
+    With `per_device_error`, an event logged inside `shard_map` or `pmap`
+    (whose host calls run on every device) raises a ValueError saying that.
     """
     options = TapOptions(selection(argnames, tags), callback, string("`logger.tap` prefix", prefix),
-                         buffer=_check_buffer(buffer, batched=False), with_context=True, block_callback=block_callback)
+                         buffer=_check_buffer(buffer, batched=False), with_context=True, block_callback=block_callback,
+                         per_device_error=per_device_error)
     if options.buffer is not None and block_callback is None:
         raise TypeError("`tap_with_context(..., buffer=K)` needs a `block_callback` for the buffered events.")
     handler = TapHandler(options)
