@@ -142,6 +142,41 @@ def test_inside_shard_map_each_device_logs_its_own_block(mesh):
         np.testing.assert_allclose(e["device_sum"][0], e["block"][0].sum(), rtol=1e-6)
 
 
+def test_loggers_inside_shard_map_and_pmap_write_each_devices_block(mesh):
+    x = sharded(mesh)
+
+    def block(x):
+        lox.log({"block": x, "device_sum": x.sum()}, step=0)
+        return 2 * x
+
+    logger = lox.loggers.MemoryLogger()
+    hows = ("shard_map(spool)", "shard_map(tap)", "shard_map(log)", "pmap(spool)", "pmap(tap)")
+    runs = {how: logger.init(name=how) for how in hows}
+
+    def in_shard_map(f):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+
+    with jax.set_mesh(mesh):
+        in_shard_map(lambda x: logger.spool(block, runs["shard_map(spool)"])(x))(x)
+        in_shard_map(lambda x: logger.tap(block, runs["shard_map(tap)"])(x))(x)
+        def log_block(x):
+            logs = {"block": x[None], "device_sum": x.sum()[None]}
+            logger.log(runs["shard_map(log)"], lox.logdict(logs, {"step": {k: jnp.zeros(1, jnp.int32) for k in logs}}))
+            return 2 * x
+
+        in_shard_map(log_block)(x)
+    local = np.asarray(x).reshape(DEVICES, 1, 2)
+    jax.pmap(lambda x: logger.spool(block, runs["pmap(spool)"])(x))(local)
+    jax.pmap(lambda x: logger.tap(block, runs["pmap(tap)"])(x))(local)
+    for run in runs.values():
+        logger.finish(run)
+    for run in logger.runs():
+        written = logger.backends[0].logs(run.run_id)
+        # One event per device, each with its own block (in the order the devices called).
+        assert sorted(written["block"].tolist()) == sorted(local.tolist()), run.name
+        np.testing.assert_allclose(written["device_sum"], written["block"].sum(axis=(1, 2)), rtol=1e-6)
+
+
 def test_padded_series_of_sharded_arrays_keep_their_sharding(mesh):
     x = sharded(mesh)
 
