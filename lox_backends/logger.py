@@ -357,9 +357,20 @@ class Logger:
             outlet.call(method, label)
 
     # --- ending ----------------------------------------------------------------------
-    def flush(self, timeout: float | None = None) -> None:
+    def flush(self, state: LoggerState | float | None = None, timeout: float | None = None) -> None:
         """Wait until everything logged so far has reached the backends (and they
-        flushed it); raise what a backend raised."""
+        flushed it); raise what a backend raised. Every run is flushed: a
+        `state` (as `finish` takes) may be passed, which changes nothing; a
+        number first is the timeout (``logger.flush(30)``)."""
+        if isinstance(state, LoggerState):
+            if traced(state):
+                raise TypeError("`logger.flush` must be called outside jax.jit / vmap.")
+        elif state is not None:
+            if timeout is not None or isinstance(state, bool) or not isinstance(state, (int, float)):
+                raise TypeError(
+                    f"`logger.flush` takes a state from `logger.init` and/or a timeout in seconds, got {state!r}."
+                )
+            timeout = float(state)
         jax.effects_barrier()  # tapped events still on their way from the device
         self._finish_tasks([], timeout)
 

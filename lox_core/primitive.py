@@ -104,6 +104,11 @@ def log(
         if not isinstance(key, str):
             raise TypeError(f"`lox.log` keys must be strings, got {key!r} ({type(key).__name__}).")
         leaves, tree = jax.tree_util.tree_flatten(value)
+        if not leaves:  # None or an empty container: it would log nothing, silently
+            raise TypeError(
+                f"`lox.log` got no array for key {prefix + key!r} ({value!r}); log an array, a number or a "
+                "pytree of them, or leave the key out."
+            )
         leaves = [_check_value(prefix + key, leaf) for leaf in leaves]
         values[prefix + key] = jax.tree_util.tree_unflatten(tree, leaves)
         trees.append(tree)

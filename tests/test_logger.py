@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from logs_testing import assert_logs_equal
+from logs_testing import assert_logs_equal, event
 
 import lox
 from lox_backends import hooks
@@ -142,6 +142,22 @@ def test_writing_happens_in_the_background():
     logger.spool(train, state)(0.5, xs)
     assert received.wait(30)
     release.set()
+    logger.finish(state)
+
+
+def test_flush_takes_a_state_like_finish_and_a_timeout():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    logger.log(state, event(0, loss=1.0))
+    logger.flush(state)  # as `finish(state)` takes one: every run is flushed
+    assert logger.backends[0].logs()["loss"].tolist() == [1.0]
+    logger.log(state, event(1, loss=0.5))
+    logger.flush(30)
+    logger.flush(state, timeout=30)
+    assert logger.backends[0].logs()["loss"].tolist() == [1.0, 0.5]
+    with pytest.raises(TypeError, match=r"`logger.flush` takes a state from `logger.init` and/or a timeout in "
+                                        r"seconds, got 'soon'"):
+        logger.flush("soon")
     logger.finish(state)
 
 
