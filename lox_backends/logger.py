@@ -253,6 +253,8 @@ class Logger:
 
     # --- from JAX's callback threads (never block, never raise) ----------------------
     def _receive_batch(self, batch_ndim: int, runs, logs) -> None:
+        if not self._job.writes:
+            return  # a program each process runs alone: process 0 ran it too (see lox_backends.processes)
         # Copies: the host call's arrays may be buffers that XLA reuses.
         runs, logs = np.array(runs), jax.tree_util.tree_map(np.array, logs)
         self._router.submit(lambda: self._add(self._waiting.add_batch(batch_ndim, runs, logs)))
@@ -267,6 +269,8 @@ class Logger:
         self._receive_batch(batch_ndim, runs, logs)
 
     def _receive_event(self, batch_ndim: int, event: logdict, runs, took) -> None:
+        if not self._job.writes:
+            return  # as in `_receive_batch`
         # One task for all seeds: the host call returns at once, the router splits.
         took = np.array(took)  # the event and runs are copies already (lox_core.delivery); this may be a view
         self._router.submit(lambda: self._add(self._waiting.add_events(batch_ndim, runs, event, took)))
@@ -389,7 +393,7 @@ class Logger:
 
         def close_run(run: hooks.RunInfo) -> None:
             self._runs.mark_finished(run)  # in order with the logs: what arrives later is refused
-            if self._job.writes or run.index in self._announced:
+            if self._job.writes:
                 self._to_backends(lambda b: b.close_run(run))
 
         self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout)

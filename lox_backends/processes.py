@@ -11,7 +11,9 @@ the same order. `Job` is that job as a Logger sees it:
 * **Who writes.** By default (``processes="first"``) process 0 writes to the
   backends. Values passed to a logger outside `jax.jit` are held by every
   process: process 0 writes them, the others drop them. A jitted program's
-  host calls run on its first device, so on process 0. The one exception,
+  host calls run on its first device, so on process 0; a program on
+  process-local arrays runs on every process alike, whose host calls the
+  others drop in the same way. The one exception,
   logger calls inside `shard_map` or `pmap`, whose host calls run on every
   device of every process, is refused at the call (on every process alike).
   With ``processes="each"`` every process writes runs of its own (their ids

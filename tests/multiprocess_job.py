@@ -63,6 +63,15 @@ if scenario == "train":
     jax.effects_barrier()
     report["tapped"] = seen
     logger.finish(states)
+elif scenario == "local":  # programs on process-local arrays, which every process runs alike
+    logger = lox.loggers.from_config(f"parquet:{folder}")
+    states = jax.jit(jax.vmap(logger.init))(jax.random.split(jax.random.key(0), 3))
+    report["runs"] = [run.run_id for run in logger.runs()]
+    step = jax.jit(jax.vmap(lambda s, x: logger.spool(lambda x: (lox.log({"x": x}, step=0), 2 * x)[1], s)(x)))
+    step(states, jnp.arange(3.0))
+    tap = jax.jit(jax.vmap(lambda s, x: logger.tap(lambda x: (lox.log({"x": x}, step=1), 2 * x)[1], s)(x)))
+    tap(states, jnp.arange(3.0))
+    logger.finish(states)
 elif scenario == "refuse":  # a logger call inside shard_map: refused by default
     logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
     state = logger.init()

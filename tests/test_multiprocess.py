@@ -68,6 +68,16 @@ def test_a_two_process_job_writes_each_run_once_as_one_process_does(tmp_path, re
     assert reports[0]["tapped"] == one_process["tapped"] == [31.5] and reports[1]["tapped"] == []
 
 
+def test_programs_every_process_runs_alone_are_written_once(tmp_path):
+    # `logger.init` and the steps jitted on process-local arrays: each process runs them itself.
+    reports = run_job("local", tmp_path)
+    assert reports[0]["runs"] == reports[1]["runs"] and len(reports[0]["runs"]) == 3
+    got = store.load(tmp_path)
+    assert list(got) == reports[0]["runs"]
+    for seed, logs in enumerate(got.values()):
+        assert logs["x"].tolist() == [seed, seed] and logs.step["x"].tolist() == [0, 1]
+
+
 def test_with_processes_each_every_process_writes_runs_of_its_own(tmp_path, reference):
     _, want = reference
     reports = run_job("train", tmp_path, mode="each")
