@@ -2,7 +2,7 @@
 
     python multiprocess_job.py SCENARIO PROCESS_ID NUM_PROCESSES PORT FOLDER MODE
 
-8 CPU devices in all (NUM_PROCESSES x 8 / NUM_PROCESSES), gloo collectives. Prints
+8 CPU devices in all (8 / NUM_PROCESSES per process), gloo collectives. Prints
 one JSON line with what the test checks (run ids, tapped events, errors).
 """
 
@@ -10,87 +10,93 @@ import json
 import os
 import sys
 
-scenario, pid, count, port, folder, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], \
-    sys.argv[6]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // count}"
 
-import jax  # noqa: E402
+def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str) -> dict:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // count}"  # before JAX starts
+    import jax
 
-import lox  # noqa: E402
+    import lox
 
-report: dict = {"process": pid}
-if scenario == "early":  # a logger made before the job is joined
-    early = lox.loggers.from_config(f"parquet:{folder}")
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-if count > 1:
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=pid, initialization_timeout=120)
+    report: dict = {"process": pid}
+    if scenario == "early":  # a logger made before the job is joined
+        early = lox.loggers.from_config(f"parquet:{folder}")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if count > 1:
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=pid,
+                                   initialization_timeout=120)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-data = np.arange(64.0, dtype=np.float32).reshape(16, 4) / 64
-batch = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("data")), lambda index: data[index])
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    data = np.arange(64.0, dtype=np.float32).reshape(16, 4) / 64
+    batch = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("data")), lambda index: data[index])
 
+    def train_step(w, batch, i):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((batch @ w - 1.0) ** 2))(w)
+        lox.log({"loss": loss, "grad_norm": jnp.linalg.norm(grad)}, step=i)
+        return w - 0.1 * grad
 
-def train_step(w, batch, i):
-    loss, grad = jax.value_and_grad(lambda w: jnp.mean((batch @ w - 1.0) ** 2))(w)
-    lox.log({"loss": loss, "grad_norm": jnp.linalg.norm(grad)}, step=i)
-    return w - 0.1 * grad
+    if scenario == "train":
+        logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
+        states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2), lr=jnp.array([0.1, 0.2]))
+        report["runs"] = [run.run_id for run in logger.runs()]
 
+        def evaluate(state, w, b, i):
+            return logger.tap(lambda w: lox.log({"eval": jnp.sum(b @ w)}, step=i), state)(w)
 
-if scenario == "train":
-    logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
-    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2), lr=jnp.array([0.1, 0.2]))
-    report["runs"] = [run.run_id for run in logger.runs()]
-    step = jax.jit(jax.vmap(lambda state, w, b, i: logger.spool(train_step, state)(w, b, i),
-                            in_axes=(0, 0, None, None)))
-    evaluate = jax.jit(jax.vmap(lambda state, w, b, i: logger.tap(lambda w: lox.log({"eval": jnp.sum(b @ w)}, step=i),
-                                                                   state)(w), in_axes=(0, 0, None, None)))
-    ws = jnp.stack([jnp.zeros(4), jnp.ones(4)])
-    for i in range(3):
-        ws = step(states, ws, batch, i)
-        evaluate(states, ws, batch, i)
-    first = jax.tree_util.tree_map(lambda s: s[0], states)
-    # Outside jit: a value sharded across processes, and a replicated one.
-    logger.log(first, lox.logdict({"batch": batch[None], "w": ws[0][None]}, {"step": {"batch": jnp.array([3]),
-                                                                                    "w": jnp.array([3])}}))
-    seen = []
-    jax.jit(lox.tap(lambda x: lox.log({"sum": jnp.sum(x)}, step=7), lambda event: seen.append(float(event["sum"][0]))))(
-        batch)
-    jax.effects_barrier()
-    report["tapped"] = seen
-    logger.finish(states)
-elif scenario == "local":  # programs on process-local arrays, which every process runs alike
-    logger = lox.loggers.from_config(f"parquet:{folder}")
-    states = jax.jit(jax.vmap(logger.init))(jax.random.split(jax.random.key(0), 3))
-    report["runs"] = [run.run_id for run in logger.runs()]
-    step = jax.jit(jax.vmap(lambda s, x: logger.spool(lambda x: (lox.log({"x": x}, step=0), 2 * x)[1], s)(x)))
-    step(states, jnp.arange(3.0))
-    tap = jax.jit(jax.vmap(lambda s, x: logger.tap(lambda x: (lox.log({"x": x}, step=1), 2 * x)[1], s)(x)))
-    tap(states, jnp.arange(3.0))
-    logger.finish(states)
-elif scenario == "refuse":  # a logger call inside shard_map: refused by default
-    logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
-    state = logger.init()
-    inside = jax.shard_map(lambda b: logger.spool(train_step, state)(jnp.ones(4), b, 0), mesh=mesh,
-                           in_specs=P("data"), out_specs=P("data"))
-    try:
-        jax.jit(inside)(batch)
-    except ValueError as error:
-        report["error"] = str(error)
-    logger.finish(state)
-elif scenario == "early":
-    try:
-        early.init()
-    except RuntimeError as error:
-        report["error"] = str(error)
-elif scenario == "mismatch":  # process 1 creates a logger process 0 does not
-    if pid == 1:
+        step = jax.jit(jax.vmap(lambda state, w, b, i: logger.spool(train_step, state)(w, b, i),
+                                in_axes=(0, 0, None, None)))
+        evaluate = jax.jit(jax.vmap(evaluate, in_axes=(0, 0, None, None)))
+        ws = jnp.stack([jnp.zeros(4), jnp.ones(4)])
+        for i in range(3):
+            ws = step(states, ws, batch, i)
+            evaluate(states, ws, batch, i)
+        first = jax.tree_util.tree_map(lambda s: s[0], states)
+        # Outside jit: a value sharded across processes, and a replicated one.
+        steps = {"step": {"batch": jnp.array([3]), "w": jnp.array([3])}}
+        logger.log(first, lox.logdict({"batch": batch[None], "w": ws[0][None]}, steps))
+        seen = []
+        summed = lox.tap(lambda x: lox.log({"sum": jnp.sum(x)}, step=7), lambda e: seen.append(float(e["sum"][0])))
+        jax.jit(summed)(batch)
+        jax.effects_barrier()
+        report["tapped"] = seen
+        logger.finish(states)
+    elif scenario == "local":  # programs on process-local arrays, which every process runs alike
+        logger = lox.loggers.from_config(f"parquet:{folder}")
+        states = jax.jit(jax.vmap(logger.init))(jax.random.split(jax.random.key(0), 3))
+        report["runs"] = [run.run_id for run in logger.runs()]
+        step = jax.jit(jax.vmap(lambda s, x: logger.spool(lambda x: (lox.log({"x": x}, step=0), 2 * x)[1], s)(x)))
+        step(states, jnp.arange(3.0))
+        tap = jax.jit(jax.vmap(lambda s, x: logger.tap(lambda x: (lox.log({"x": x}, step=1), 2 * x)[1], s)(x)))
+        tap(states, jnp.arange(3.0))
+        logger.finish(states)
+    elif scenario == "refuse":  # a logger call inside shard_map: refused by default
+        logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
+        state = logger.init()
+        inside = jax.shard_map(lambda b: logger.spool(train_step, state)(jnp.ones(4), b, 0), mesh=mesh,
+                               in_specs=P("data"), out_specs=P("data"))
         try:
-            lox.loggers.from_config(f"parquet:{folder}", timeout=2.0)
-        except TimeoutError as error:
+            jax.jit(inside)(batch)
+        except ValueError as error:
             report["error"] = str(error)
-print(json.dumps(report), flush=True)
+        logger.finish(state)
+    elif scenario == "early":
+        try:
+            early.init()
+        except RuntimeError as error:
+            report["error"] = str(error)
+    elif scenario == "mismatch":  # process 1 creates a logger process 0 does not
+        if pid == 1:
+            try:
+                lox.loggers.from_config(f"parquet:{folder}", timeout=2.0)
+            except TimeoutError as error:
+                report["error"] = str(error)
+    return report
+
+
+if __name__ == "__main__":  # not when pytest collects this folder
+    scenario, pid, count, port, folder, mode = sys.argv[1:7]
+    print(json.dumps(main(scenario, int(pid), int(count), port, folder, mode)), flush=True)
