@@ -487,6 +487,24 @@ def trackers():
     trackers()
 
 
+def buckets():
+    from benchmarks.buckets import buckets  # moto's S3 server only when asked for
+
+    try:
+        buckets()
+    except ModuleNotFoundError as error:
+        print(f"  buckets: not installed ({error.name}); pip install 'jax-lox[test]' (moto[server])")
+
+
+def tensorboard():
+    from benchmarks.trackers import tensorboard  # tensorboardX only when asked for
+
+    try:
+        tensorboard()
+    except ModuleNotFoundError as error:
+        print(f"  tensorboard: not installed ({error.name}); pip install 'jax-lox[tensorboard]'")
+
+
 def frameworks():
     from benchmarks.frameworks import frameworks  # flax, equinox and optax only when asked for
 
@@ -495,7 +513,8 @@ def frameworks():
 
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "tap": tap, "buffer": buffer, "while": while_loops, "devices": devices,
-            "arrow": arrow, "logger": logger, "storage": storage, "trackers": trackers, "frameworks": frameworks}
+            "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets, "trackers": trackers,
+            "tensorboard": tensorboard, "frameworks": frameworks}
 
 
 def main(argv: list[str]) -> None:

@@ -123,6 +123,24 @@ def neptune(rounds: int = 7, steps: int = 20_000) -> None:
         _compare("Neptune", f"neptune:bench/bench?mode=offline&local={folder}/lox", logs, by_hand, rounds)
 
 
+def tensorboard(rounds: int = 5, steps: int = 5000) -> None:
+    print(f"TensorBoard: tensorboardX add_scalar per value ({len(KEYS)} keys x {steps:,} steps) into an event file")
+    from tensorboardX import SummaryWriter
+
+    values, step, logs = data(steps)
+    with tempfile.TemporaryDirectory() as folder:
+        columns, step_list = [values[k].tolist() for k in KEYS], step.tolist()
+
+        def by_hand():
+            writer = SummaryWriter(os.path.join(folder, "hand", uuid.uuid4().hex[:8]))
+            for i, s in enumerate(step_list):
+                for k, column in zip(KEYS, columns, strict=True):
+                    writer.add_scalar(k, column[i], s)
+            writer.close()
+
+        _compare("TensorBoard", f"tensorboard:{folder}/tb?local={folder}/lox", logs, by_hand, rounds)
+
+
 def _compare(tracker: str, spec: str, logs, by_hand, rounds: int) -> None:
     """Time `by_hand` against a Logger for `spec` sending `logs` (init to finish)."""
 

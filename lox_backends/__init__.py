@@ -3,5 +3,5 @@
 `hooks` is the plugin contract; `logger` the Logger (with `runs`, `checks`,
 `batching`, `worker` and `shutdown` around it); `store` the runs on disk;
 `parquet`, `memory`, `console` and the trackers (`tracker`, `mlflow`, `wandb`,
-`neptune`) the backends. The core (`lox_core`) does not depend on any of it.
+`neptune`, `tensorboard`) the backends. The core (`lox_core`) does not depend on any of it.
 """

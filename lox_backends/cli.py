@@ -4,6 +4,8 @@
     lox plot RUN_DIR --key loss -o loss.png                 one curve per run
     lox backends                                            installed backends and their packages
     lox sync RUN_DIR --to SPEC                              send saved runs to a tracker (what is missing)
+
+RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox_backends.storage).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=int, default=100, help="SGD steps per epoch")
 
     plot = commands.add_parser("plot", help="plot one key of saved runs, one curve per run")
-    plot.add_argument("path", help="a folder of runs, or one run's folder")
+    plot.add_argument("path", help="a folder of runs, or one run's folder (a local path, or s3://... gs://...)")
     plot.add_argument("--key", default="loss")
-    plot.add_argument("-o", "--output", default=None, help="PNG file (default: KEY.png in PATH)")
+    plot.add_argument("-o", "--output", default=None,
+                      help="PNG file (default: KEY.png in PATH; in the current folder for a bucket)")
     plot.add_argument("--step", default="step", help="the step name on the x axis")
 
     commands.add_parser("backends", help="list installed backends")
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync",
         help="send saved runs (a tracker's local log, or any parquet folder) to a tracker, skipping what it has",
     )
-    sync.add_argument("path", help="a folder of runs (e.g. lox-runs), or one run's folder")
+    sync.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
     sync.add_argument(
         "--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'"
     )
@@ -48,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _run(args)
-    except (LookupError, OSError, ValueError) as error:
-        # What the user can fix (a wrong path or key): the message, not a traceback.
+    except (LookupError, OSError, ValueError, ImportError) as error:
+        # What the user can fix (a wrong path or key, a missing package): the message, not a traceback.
         parser.exit(2, f"lox {args.command}: error: {error.args[0] if error.args else error}\n")
     return 0
 

@@ -12,7 +12,16 @@ Every file is written under a hidden name (starting with ``.``) and renamed into
 place, so a reader never sees a partial file: reading a run while it is being
 written, or after its writer was killed, shows whole flushes only. `flush` (and
 `close_run`, `close`) also fsyncs what was written, so that flushed batches
-survive a power loss too. Any Parquet reader can read the files directly::
+survive a power loss too.
+
+``DIR`` may be a folder in a bucket: ``parquet:s3://bucket/runs``,
+``parquet:gs://bucket/runs`` (see `lox_backends.storage`). Object stores have
+no rename and no fsync; there each file is uploaded whole under its final
+name, in one request (or one multipart upload), which the store makes visible
+only once complete and stored durably: the same guarantees, by other means.
+``_run.json`` files are uploaded a few at a time in the background (a
+thousand vmapped seeds open a thousand runs) and waited for at every `flush`.
+Any Parquet reader can read the files directly::
 
     pandas.read_parquet("DIR")                      # every run; filters=[("run", "==", run_id)] for one
     polars.read_parquet("DIR/*/batch-*.parquet")
@@ -25,6 +34,7 @@ folder) as one of its `listeners`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import functools
 import importlib.metadata
@@ -37,7 +47,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lox_backends import hooks
+from lox_backends import hooks, storage
 from lox_backends.store import (
     DEFAULT_DIR,
     RUN_FILE,
@@ -81,7 +91,10 @@ class ParquetBackend(hooks.Backend):
     per run, and one file per flush for all the runs of a group in ``DIR/<group>.batches/``.
 
     `target` is the folder (``lox-runs`` when None), resolved against the
-    current directory when the backend is created. Option ``compression``
+    current directory when the backend is created, or a URI of a folder in a
+    bucket (``s3://bucket/runs``), checked when the backend is created: a scheme
+    no filesystem serves, a missing package or bucket, refused credentials
+    raise here, naming the URI. Option ``compression``
     (``snappy`` by default; ``zstd``, ``gzip``, ``none``, ...) is passed to
     Parquet.
     """
@@ -96,7 +109,10 @@ class ParquetBackend(hooks.Backend):
         self.compression = self.options.get("compression", "snappy")
         self.rows_per_file = int(self.options.get("rows_per_file", DEFAULT_ROWS_PER_FILE))
         # Absolute now, so that a later os.chdir does not split a run in two.
-        self.root = os.path.abspath(target or DEFAULT_DIR)
+        self.root = storage.resolve(target or DEFAULT_DIR, check=True)
+        self.remote = storage.is_uri(self.root)
+        self._uploads = _Uploads() if self.remote else None
+        self._existing: set[str] | None = None  # in a bucket: the folders there when the first run opened
         self._runs: dict[str, _RunState] = {}
         self._groups: dict[str, _Group] = {}  # by folder name
         self._unsynced_files: list[tuple[str, list[str]]] = []  # (path, its run ids)
@@ -131,6 +147,8 @@ class ParquetBackend(hooks.Backend):
         for group in self._groups.values():
             self._write_pending(group)
         self._sync()
+        if self._uploads is not None:
+            self._uploads.wait()
 
     def close_run(self, run: hooks.RunInfo) -> None:
         state = self._state(run)
@@ -150,6 +168,8 @@ class ParquetBackend(hooks.Backend):
         try:
             self.flush()
         finally:
+            if self._uploads is not None:
+                self._uploads.shutdown()
             for listener in self.listeners:
                 listener.log_closed()
 
@@ -159,12 +179,19 @@ class ParquetBackend(hooks.Backend):
         if state is not None:
             return state
         _check_name(run.run_id, "run_id")
-        folder = os.path.join(self.root, run.run_id)
-        os.makedirs(folder, exist_ok=True)
+        folder = storage.join(self.root, run.run_id)
+        storage.makedirs(folder)
         self._unsynced_dirs.add(self.root)
         batches = batches_folder_name(run.group or run.run_id)
         _check_name(batches, "group", hidden=(".", "_"))  # Parquet dataset readers skip those
-        info = read_run_json(folder, missing_ok=True) or {}
+        if self.remote and self._existing is None:  # one listing, not a request per new run
+            self._existing = {name for name, is_dir, _ in storage.scan(self.root, missing_ok=True) if is_dir}
+        earlier = None
+        if self._existing is None or run.run_id in self._existing:
+            earlier = read_run_json(folder, missing_ok=True)
+        if self._existing is not None:
+            self._existing.add(run.run_id)
+        info = earlier or {}
         info.update(
             run_id=run.run_id,
             name=run.name,
@@ -179,7 +206,7 @@ class ParquetBackend(hooks.Backend):
         state = _RunState(folder, info, self._group(batches))
         self._runs[run.run_id] = state
         try:
-            if write_info and not os.path.exists(os.path.join(folder, RUN_FILE)):
+            if write_info and earlier is None:
                 self._write_run_json(state)  # a batch without open_run still makes a loadable run
         finally:  # a tracker following this log learns of the run before its first file, whatever failed
             for listener in self.listeners:
@@ -189,11 +216,11 @@ class ParquetBackend(hooks.Backend):
     def _group(self, name: str) -> _Group:
         group = self._groups.get(name)
         if group is None:
-            folder = os.path.join(self.root, name)
-            os.makedirs(folder, exist_ok=True)
+            folder = storage.join(self.root, name)
+            storage.makedirs(folder)
             self._unsynced_dirs.add(self.root)
             # A group written to before (by this process or another) continues after its last file.
-            sequences = [sequence for sequence, _, _ in batch_files(folder)]
+            sequences = [sequence for sequence, _, _ in batch_files(folder, missing_ok=self.remote)]
             group = self._groups[name] = _Group(folder, next_seq=max(sequences, default=-1) + 1)
         return group
 
@@ -230,7 +257,13 @@ class ParquetBackend(hooks.Backend):
         table = table.replace_schema_metadata(metadata)
         name = batch_file_name(group.next_seq, secrets.token_hex(4))
         group.next_seq += 1
-        path = os.path.join(group.folder, name)
+        path = storage.join(group.folder, name)
+        if self.remote:  # the whole file in memory, then one upload: never visible in part
+            sink = pa.BufferOutputStream()
+            write_table(table, sink, compression=self.compression)
+            storage.put(path, sink.getvalue())
+            self._unsynced_files.append((path, list(rows)))
+            return
         temp = os.path.join(group.folder, f".{name}.tmp")
         try:
             write_table(table, temp, compression=self.compression)
@@ -242,9 +275,12 @@ class ParquetBackend(hooks.Backend):
         self._unsynced_dirs.add(group.folder)
 
     def _write_run_json(self, state: _RunState) -> None:
-        path = os.path.join(state.folder, RUN_FILE)
-        temp = os.path.join(state.folder, f".{RUN_FILE}.{secrets.token_hex(4)}.tmp")
+        path = storage.join(state.folder, RUN_FILE)
         text = json.dumps(state.info, indent=2, default=_json_default)
+        if self._uploads is not None:  # in the background, after the run's previous one
+            self._uploads.put(state.folder, path, (text + "\n").encode())
+            return
+        temp = os.path.join(state.folder, f".{RUN_FILE}.{secrets.token_hex(4)}.tmp")
         try:
             with open(temp, "w", encoding="utf-8") as f:
                 f.write(text + "\n")
@@ -269,7 +305,7 @@ class ParquetBackend(hooks.Backend):
                     listener.file_durable(run_id, path)
 
 
-def write_table(table: pa.Table, where: str, compression: str = "snappy") -> None:
+def write_table(table: pa.Table, where: str | pa.NativeFile, compression: str = "snappy") -> None:
     """Write a table of lox's schema as Parquet, the way the backend does:
     dictionary-encoded where values repeat (run, key, dtype), plain elsewhere
     (a float's or a step's dictionary costs more than it saves), and statistics
@@ -288,6 +324,38 @@ def _scalars_only(table: pa.Table) -> bool:
     """Whether every row holds a scalar in its value column (no shape, no data)."""
     return (table.column("value").null_count == 0 and table.column("data").null_count == table.num_rows
             and all(len(chunk.flatten()) == 0 for chunk in table.column("shape").chunks))
+
+
+class _Uploads:
+    """``_run.json`` uploads to a bucket, several at once (each waits on the
+    network); one run's in order. `wait` returns when all are done and raises
+    the first that failed."""
+
+    def __init__(self) -> None:
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last: dict[str, concurrent.futures.Future] = {}  # by run folder
+
+    def put(self, folder: str, path: str, data: bytes) -> None:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="lox-upload")
+        before = self._last.get(folder)
+        if before is not None and not before.done():
+            before.result()  # the run's previous status first (a run opened and closed at once)
+        self._last[folder] = self._pool.submit(storage.put, path, data)
+
+    def wait(self) -> None:
+        pending, self._last = self._last, {}
+        failed = None
+        for future in pending.values():
+            error = future.exception()
+            failed = failed or error
+        if failed is not None:
+            raise failed
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
 
 class _RunState:

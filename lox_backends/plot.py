@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from lox_backends import storage
 from lox_backends.store import load, runs
 from lox_core.logdict import event_count, logdict
 
@@ -19,7 +20,8 @@ def plot_runs(
 ) -> str:
     """Plot `key` against `step` for every run saved under `path` (or the one
     run at `path`; or the runs `run_ids` among them) into a PNG; returns the
-    PNG's path (default ``PATH/KEY.png``). Positive series get a log scale."""
+    PNG's path (default ``PATH/KEY.png``, or ``KEY.png`` in the current folder
+    when `path` is in a bucket). Positive series get a log scale."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
@@ -52,7 +54,9 @@ def plot_runs(
     axes.set_ylabel(key)
     axes.legend(fontsize="small")
     figure.tight_layout()
-    output = os.fspath(output) if output is not None else os.path.join(path, f"{_file_safe(key)}.png")
+    if output is None:
+        output = f"{_file_safe(key)}.png" if storage.is_uri(path) else os.path.join(path, f"{_file_safe(key)}.png")
+    output = os.fspath(output)
     figure.savefig(output, dpi=120)
     plt.close(figure)
     return output

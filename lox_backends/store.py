@@ -23,6 +23,9 @@ their sequence number; the eight random hex digits keep two writers apart
 that would otherwise pick the same name. So the number of files grows with
 the number of flushes, not with the number of runs.
 
+``DIR`` is a local folder or a folder in a bucket (``s3://bucket/runs``,
+``gs://...``): `lox_backends.storage` reads and writes both.
+
 Runs written by lox before version 0.2 hold their batch files in their own
 folder (``DIR/<run_id>/batch-*.parquet``, one run per file); `load` reads
 both layouts.
@@ -37,6 +40,7 @@ for one run.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -46,6 +50,7 @@ import gc
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,6 +58,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lox_backends import storage
+from lox_backends.storage import fsync as fsync
 from lox_core.arrow import StepRows, from_arrow, from_arrow_runs
 from lox_core.logdict import concat, logdict
 
@@ -99,7 +106,8 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
     every batch in order. Or `path` is a folder of run folders (the ``DIR`` of
     ``parquet:DIR``): a dict ``{run_id: logdict}`` is returned, ordered by the
     runs' creation times. Files still being written are skipped, so a run can
-    be read while it is written.
+    be read while it is written. `path` may be a URI (``s3://bucket/runs``,
+    ``gs://...``): see `lox_backends.storage` for the schemes and credentials.
 
     >>> import tempfile, numpy as np, lox
     >>> from lox_backends import hooks, parquet, store
@@ -119,12 +127,12 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
     >>> list(everything)
     ['run-0']
     """
-    path = os.fspath(path)
-    with _gc_paused(), _Groups() as groups:
+    with _gc_paused():
         single, folders = locate(path)
         if single:
             return _load_run(*folders[0], groups=None)
-        return {os.path.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
+        with _Groups(remote=storage.is_uri(folders[0][0])) as groups:
+            return {storage.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
 
 
 @contextlib.contextmanager
@@ -157,31 +165,45 @@ def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
-    """Whether `path` is one run, and its run folders with their _run.json, oldest first."""
+    """Whether `path` (a local path or a URI) is one run, and its run folders with
+    their _run.json, oldest first."""
     path = os.fspath(path)
+    if "://" in path:
+        path = storage.resolve(path)  # file:// a local path; a scheme no filesystem serves named here
+    remote = storage.is_uri(path)
     expected = (
         "expected a run folder (holding _run.json) or a folder of run folders "
         "(the DIR of a 'parquet:DIR' backend)"
     )
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no such folder: {path!r}; {expected}.")
-    if not os.path.isdir(path):
+    # In a bucket, one listing tells what a stat, a read of _run.json and a scandir tell on a disk.
+    entries = storage.scan(path, missing_ok=True) if remote else []
+    found_kind = "dir" if entries else storage.kind(path)
+    if found_kind is None:
+        bucket = " (or its bucket does not exist, or these credentials cannot see it)" if remote else ""
+        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {expected}.")
+    if found_kind != "dir":
         raise ValueError(f"{path!r} is a file; {expected}.")
-    info = read_run_json(path, missing_ok=True)
-    if info is not None:
-        return True, [(path, info)]
-    found = []
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
-            info = read_run_json(entry.path, missing_ok=True)
-            if info is not None:  # a folder without _run.json is not a run (or not yet one)
-                found.append((entry.path, info))
+    if not remote or any(name == RUN_FILE for name, _, _ in entries):
+        info = read_run_json(path, missing_ok=True)
+        if info is not None:
+            return True, [(path, info)]
+    if not remote:
+        entries = storage.scan(path)
+    folders = [entry for name, is_dir, entry in entries if is_dir and not name.startswith(".")]
+    if remote:  # a request each: many at once
+        with concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS) as pool:
+            infos = list(pool.map(lambda folder: read_run_json(folder, missing_ok=True), folders))
+    else:
+        infos = [read_run_json(folder, missing_ok=True) for folder in folders]
+    # A folder without _run.json is not a run (or not yet one).
+    found = [(folder, info) for folder, info in zip(folders, infos, strict=True) if info is not None]
     if not found:
         raise ValueError(f"no lox runs in {path!r}: {expected}.")
-    found.sort(key=lambda item: (_created(item[1]), os.path.basename(item[0])))
+    found.sort(key=lambda item: (_created(item[1]), storage.basename(item[0])))
     return False, found
+
+
+_REMOTE_THREADS = 32  # requests in flight at once to a bucket: each waits on the network, not the CPU
 
 
 def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logdict:
@@ -190,14 +212,14 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     as converted once for all the runs being loaded."""
     parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=groups is None)]
     if groups is not None and info.get("batches"):  # `folder` lies in the folder of runs being loaded
-        group = os.path.join(os.path.dirname(folder), info["batches"])
-        parts += groups.parts(group, info.get("run_id", os.path.basename(folder)))
+        group = storage.join(storage.parent(folder), info["batches"])
+        parts += groups.parts(group, info.get("run_id", storage.basename(folder)))
     return parts[0] if len(parts) == 1 else concat(parts) if parts else logdict()
 
 
 def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
     """The folder of the batch files the run in `folder` shares with its group, if any."""
-    return os.path.join(os.path.dirname(os.path.abspath(folder)), info["batches"]) if info.get("batches") else None
+    return storage.join(storage.parent(folder), info["batches"]) if info.get("batches") else None
 
 
 class _Groups:
@@ -205,8 +227,9 @@ class _Groups:
     once for all its runs (`load` of a folder of runs), its files read in
     parallel."""
 
-    def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(8)  # pyarrow and NumPy work without the GIL
+    def __init__(self, remote: bool = False) -> None:
+        # pyarrow and NumPy work without the GIL; a bucket's files mostly wait on the network.
+        self._pool = concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS if remote else 8)
         self._converted: dict[str, list[dict[str | None, logdict]]] = {}
 
     def __enter__(self) -> _Groups:
@@ -219,7 +242,7 @@ class _Groups:
         """The run's logs in the group's files, in order (several parts only
         where the files' schemas differ)."""
         if folder not in self._converted:
-            paths = [path for _, _, path in batch_files(folder)] if os.path.isdir(folder) else []
+            paths = [path for _, _, path in batch_files(folder, missing_ok=True)]
             self._converted[folder] = _convert(list(self._pool.map(_decode, paths)))
         return [segment[run_id] for segment in self._converted[folder] if run_id in segment]
 
@@ -257,7 +280,7 @@ class _Decoded:
 
 def _decode(path: str) -> _Decoded:
     try:  # read once: not worth keeping in _read_table's cache
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(pa.BufferReader(storage.read_buffer(path)) if storage.is_uri(path) else path)
         if (file.schema_arrow.metadata or {}).get(SCALARS_METADATA) == b"1":
             table = _scalars(file)
         else:
@@ -292,11 +315,11 @@ def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
 
 def batch_file(path: str, run_id: str) -> BatchFile:
     """The batch file at `path`, as it holds rows of `run_id`."""
-    name = os.path.basename(path)
+    name = storage.basename(path)
     match = BATCH_FILE.fullmatch(name)
     if match is None:
         raise ValueError(f"{path!r} is not a lox batch file (batch-<sequence>-<hex>.parquet).")
-    if not os.path.dirname(path).endswith(BATCHES_SUFFIX):
+    if not storage.parent(path).endswith(BATCHES_SUFFIX):
         return BatchFile(int(match.group(1)), name, path)
     rows = runs_in(path).get(run_id)
     if rows is None:
@@ -314,12 +337,17 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
     info = info if info is not None else read_run_json(folder, missing_ok=True) or {}
     group = _batches_folder(folder, info)
     if group is not None:
-        run_id = info.get("run_id", os.path.basename(folder))
-        if os.path.isdir(group):
-            for sequence, name, path in batch_files(group):
-                rows = runs_in(path).get(run_id)
-                if rows is not None:
-                    files.append(BatchFile(sequence, name, path, (int(rows[0]), int(rows[1]))))
+        run_id = info.get("run_id", storage.basename(folder))
+        found = batch_files(group, missing_ok=True)
+        if storage.is_uri(group) and len(found) > 1:  # a request each: many at once
+            with concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS) as pool:
+                held = list(pool.map(lambda file: runs_in(file[2]), found))
+        else:
+            held = [runs_in(path) for _, _, path in found]
+        for (sequence, name, path), runs in zip(found, held, strict=True):
+            rows = runs.get(run_id)
+            if rows is not None:
+                files.append(BatchFile(sequence, name, path, (int(rows[0]), int(rows[1]))))
     return files
 
 
@@ -328,7 +356,10 @@ def runs_in(path: str) -> dict[str, list[int]]:
     """Run id -> [first row, rows] of a shared batch file (read from its footer
     once: batch files never change once in place)."""
     try:
-        metadata = pq.read_schema(path).metadata or {}
+        if storage.is_uri(path):  # the whole file in one request, kept for the read of its rows that follows
+            metadata = pq.read_schema(pa.BufferReader(_remote_files.read(path))).metadata or {}
+        else:
+            metadata = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException) as e:
         raise _damaged(path, e) from e
     return json.loads(metadata.get(RUNS_METADATA, b"{}"))
@@ -343,9 +374,39 @@ def _read_table(path: str) -> pa.Table:
 
 def _read_uncached(path: str) -> pa.Table:
     try:
-        return pq.read_table(path)
+        return pq.read_table(pa.BufferReader(_remote_files.read(path)) if storage.is_uri(path) else path)
     except (OSError, pa.ArrowException) as e:
         raise _damaged(path, e) from e
+
+
+class _RemoteFiles:
+    """The bytes of batch files read from a bucket, the last read kept up to a
+    total size: `lox sync` goes run by run through a group's files, and reading
+    a file again from a bucket costs a request (from a local disk, the page cache)."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._kept: collections.OrderedDict[str, pa.Buffer] = collections.OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def read(self, path: str) -> pa.Buffer:
+        with self._lock:
+            data = self._kept.get(path)
+            if data is not None:
+                self._kept.move_to_end(path)
+                return data
+        data = storage.read_buffer(path)
+        with self._lock:
+            if path not in self._kept and data.size <= self._budget:
+                self._kept[path] = data
+                self._size += data.size
+                while self._size > self._budget:
+                    self._size -= self._kept.popitem(last=False)[1].size
+        return data
+
+
+_remote_files = _RemoteFiles(128 * 2**20)  # batch files never change once in place
 
 
 def _damaged(path: str, error: BaseException) -> ValueError:
@@ -356,29 +417,27 @@ def _damaged(path: str, error: BaseException) -> ValueError:
     )
 
 
-def batch_files(folder: str) -> list[tuple[int, str, str]]:
+def batch_files(folder: str, missing_ok: bool = False) -> list[tuple[int, str, str]]:
     """(sequence, name, path) of the batch files in a folder, in order; temp files are hidden."""
     files = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            match = BATCH_FILE.fullmatch(entry.name)
-            if match:
-                files.append((int(match.group(1)), entry.name, entry.path))
+    for name, _, path in storage.scan(folder, missing_ok):
+        match = BATCH_FILE.fullmatch(name)
+        if match:
+            files.append((int(match.group(1)), name, path))
     files.sort()
     return files
 
 
 def read_run_json(folder: str, missing_ok: bool = False) -> dict[str, Any] | None:
-    path = os.path.join(folder, RUN_FILE)
+    path = storage.join(folder, RUN_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        data = storage.read_bytes(path)
     except FileNotFoundError:
         if missing_ok:
             return None
         raise
     try:
-        info = json.loads(text)
+        info = json.loads(data.decode("utf-8"))
         if not isinstance(info, dict):
             raise ValueError("not a JSON object")
     except ValueError as e:
@@ -394,14 +453,3 @@ def _created(info: dict[str, Any]) -> datetime.datetime:
     if created.tzinfo is None:
         created = created.replace(tzinfo=datetime.timezone.utc)
     return created
-
-
-def fsync(path: str) -> None:
-    """Flush a file, or a folder's entries (renames into it), to disk."""
-    if os.name == "nt" and os.path.isdir(path):  # folders cannot be opened for fsync there
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

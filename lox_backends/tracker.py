@@ -14,7 +14,11 @@ timeout, and warn about what is still unsent.
 Per run and destination, the files that reached the tracker are recorded in
 ``DIR/<run_id>/_sent-<tracker>-<hash>.jsonl`` (with the tracker's own run id),
 so ``lox sync DIR --to SPEC`` sends only what is missing: after a crash, after
-the tracker was down, or to a tracker the run was never sent to. A batch that
+the tracker was down, or to a tracker the run was never sent to. ``DIR`` may
+be a folder in a bucket (``lox sync s3://bucket/runs --to SPEC``, or a
+tracker's ``local=s3://...``): objects cannot be appended to, so there the
+record is a folder ``DIR/<run_id>/_sent-<tracker>-<hash>/`` of small objects,
+one per entry, written after the tracker took the file (see `SentRecord`). A batch that
 was being sent when the process died is sent again; trackers are given the
 same timestamps for it, which MLflow's database and W&B's step order use to
 drop the repeated values (see each backend's page).
@@ -29,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 import time
 import warnings
 
@@ -36,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_backends import hooks
+from lox_backends import hooks, storage
 from lox_backends.config import BackendConfig, mask_secrets, parse
 from lox_backends.parquet import LogListener, ParquetBackend
 from lox_backends.registry import registry
@@ -216,7 +221,7 @@ class TrackerBackend(hooks.Backend):
             return 0
         table = file.read()
         meta = table.schema.metadata or {}
-        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(os.path.getmtime(file.path) * 1000)
+        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(storage.mtime(file.path) * 1000)
         self.send(run, remote, Batch(name, time_ms, table))
         if self.confirms_at_end:
             record.unconfirmed.append(name)
@@ -278,18 +283,33 @@ class Unsendable(Exception):
 class SentRecord:
     """``_sent-<tracker>-<hash>.jsonl`` in a run folder: the tracker's run id,
     then one line per batch file that reached the tracker, then ``closed``.
-    Appended and fsynced line by line; a torn last line is ignored."""
+    Appended and fsynced line by line; a torn last line is ignored.
+
+    In a bucket, where objects cannot be appended to, the record is a folder
+    ``_sent-<tracker>-<hash>/`` of objects, each written whole: ``remote.json``
+    (the tracker's run id, replaced when it changes), ``<batch file>.sent`` per
+    file that reached the tracker, and ``closed``; reading it is one listing
+    (and one read). The lock that keeps two processes from sending a run at
+    once is then a file in the local temp folder: it keeps apart the processes
+    of one machine only."""
 
     def __init__(self, folder: str, tracker: str, destination: str):
         digest = hashlib.sha256(destination.encode()).hexdigest()[:10]
-        self.path = os.path.join(folder, f"_sent-{tracker}-{digest}.jsonl")
-        self.lock_path = os.path.join(folder, f"_sending-{tracker}-{digest}.lock")
-        self._lock_file = None
+        self.in_bucket = storage.is_uri(folder)
         self.destination = destination
         self.remote: dict | None = None
         self.files: set[str] = set()
         self.unconfirmed: list[str] = []  # sent, recorded when the run ends (`confirms_at_end`)
         self.closed = False
+        self._lock_file = None
+        if self.in_bucket:
+            self.path = storage.join(folder, f"_sent-{tracker}-{digest}")
+            where = hashlib.sha256(self.path.encode()).hexdigest()[:16]
+            self.lock_path = os.path.join(tempfile.gettempdir(), f"lox-sending-{tracker}-{where}.lock")
+            self._read_objects()
+            return
+        self.path = os.path.join(folder, f"_sent-{tracker}-{digest}.jsonl")
+        self.lock_path = os.path.join(folder, f"_sending-{tracker}-{digest}.lock")
         try:
             with open(self.path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
@@ -319,7 +339,18 @@ class SentRecord:
         self.closed = True
         self._append({"closed": True})
 
+    def _read_objects(self) -> None:
+        names = {name for name, _, _ in storage.scan(self.path, missing_ok=True)}
+        if "remote.json" in names:
+            self.remote = json.loads(storage.read_bytes(storage.join(self.path, "remote.json")))["remote"]
+        self.files = {name.removesuffix(".sent") for name in names if name.endswith(".sent")}
+        self.closed = "closed" in names
+
     def _append(self, entry: dict) -> None:
+        if self.in_bucket:  # an object per entry, each uploaded whole
+            name = "remote.json" if "remote" in entry else f"{entry['file']}.sent" if "file" in entry else "closed"
+            storage.put(storage.join(self.path, name), json.dumps(entry).encode() + b"\n")
+            return
         with open(self.path, "ab+") as f:
             # A line torn by a crash is ended first, so that it spoils only itself.
             size = f.seek(0, os.SEEK_END)
@@ -416,7 +447,7 @@ class _Sender:
                         self._refused.add(run.run_id)  # every later item of the run would fail alike
                         what = f"to open run {run.name!r}"
                     elif kind == "file":
-                        what = f"{os.path.basename(where)} of run {run.name!r}"
+                        what = f"{storage.basename(where)} of run {run.name!r}"
                     else:
                         what = f"to {kind} run {run.name!r}"
                     warnings.warn(
@@ -457,7 +488,7 @@ class _Sender:
         if run is None or where is None:  # only the shutdown item has neither
             raise RuntimeError(f"lox internal error: a {kind!r} item to send without its run or path.")
         if run.run_id not in self._open:
-            folder = where if kind != "file" else os.path.join(backend.local_root, run.run_id)
+            folder = where if kind != "file" else storage.join(backend.local_root, run.run_id)
             self._open[run.run_id] = backend._open(run, folder)
             self._runs_open[run.run_id] = run
         record, remote = self._open[run.run_id]
@@ -605,7 +636,7 @@ def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
     if not isinstance(backend, TrackerBackend):
         raise ValueError(
             f"`lox sync --to {configs[0].name}`: {configs[0].name!r} is not a tracker; lox sync sends runs to "
-            "trackers such as mlflow, wandb and neptune (a parquet folder can be copied as it is)."
+            "trackers such as mlflow, wandb, neptune and tensorboard (a parquet folder can be copied as it is)."
         )
     done, failed = [], []
     try:

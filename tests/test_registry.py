@@ -16,19 +16,20 @@ from lox_backends.registry import BackendNotFound, BackendUnavailable, Registry,
 
 def test_builtin_backends_are_entry_points_of_our_own_package():
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="lox") if ep.dist.name == "jax-lox"}
-    names = ("console", "parquet", "memory", "mlflow", "wandb", "neptune")
+    names = ("console", "parquet", "memory", "mlflow", "wandb", "neptune", "tensorboard")
     assert ours == {name: f"lox_backends.{name}" for name in names}
     offers = registry.offers()
     for name in names:
         assert [o.package for o in offers[name]] == ["jax-lox"]
 
 
-@pytest.mark.parametrize("tracker", ["mlflow", "wandb", "neptune"])
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb", "neptune", "tensorboard"])
 def test_trackers_name_their_extra_and_import_nothing_until_used(tracker):
     """Listing backends imports no tracker client; each names its extra."""
     code = (
         "import sys; from lox_backends.registry import registry; spec = registry.lookup(%r); "
-        "print(spec.install, any(m.split('.')[0] in ('mlflow', 'wandb', 'neptune') for m in sys.modules))" % tracker
+        "print(spec.install, any(m.split('.')[0] in ('mlflow', 'wandb', 'neptune', 'tensorboardX') "
+        "for m in sys.modules))" % tracker
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["pip", "install", f"'jax-lox[{tracker}]'", "False"]
