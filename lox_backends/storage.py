@@ -310,8 +310,9 @@ def _s3_options() -> dict[str, str]:
 def _fsspec_store(prefix: str, scheme: str, pyarrow_error: BaseException) -> _Store:
     """A scheme pyarrow does not serve (or was built without), through fsspec."""
     try:
-        import fsspec  # optional: only for schemes pyarrow does not serve
-        from fsspec.registry import known_implementations
+        # Optional (not in any extra): only for schemes pyarrow does not serve.
+        import fsspec  # pyright: ignore[reportMissingImports]
+        from fsspec.registry import known_implementations  # pyright: ignore[reportMissingImports]
     except ImportError:
         raise ModuleNotFoundError(
             f"lox cannot store runs at {prefix}/...: pyarrow does not serve the scheme '{scheme}://' "
