@@ -1,6 +1,14 @@
-"""Helpers shared by the tests: small logdicts and one comparison of logs."""
+"""Helpers shared by the tests: small logdicts, one comparison of logs, a
+training loop with two step names, free ports and a process killed mid-run."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import lox
@@ -59,3 +67,56 @@ def logs_of_events(events):
         for name in names[key]:
             steps.setdefault(name, {})[key] = np.array([s.get(name, lox.NO_STEP) for _, s in held])
     return lox.logdict(data, steps)
+
+
+def log_epochs(logger, state, epochs: int = 3) -> None:
+    """A jitted spooled loop: `loss` at each of 2 steps per epoch (with `step` and
+    `epoch`), `val` once per epoch (with `epoch` only)."""
+
+    def epoch(w, e):
+        def step(w, i):
+            lox.log({"loss": w}, step=e * 2 + i, epoch=e)
+            return w * 0.5, None
+
+        w = jax.lax.scan(step, w, jnp.arange(2))[0]
+        lox.log({"val": w + 10.0}, epoch=e)
+        return w
+
+    run = jax.jit(logger.spool(epoch, state))
+    w = jnp.float32(1.0)
+    for e in range(epochs):
+        w = run(w, e)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_after_confirmed(proc, count: int = 3, timeout: float = 120.0) -> list[int]:
+    """Read the batch numbers `proc` prints as it confirms them, SIGKILL it after
+    `count` of them (mid-run), and return them."""
+    confirmed = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(confirmed) < count:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, proc.stderr.read() if not line else "too slow"
+            confirmed.append(int(line))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return confirmed
+
+
+def stop_group(process) -> None:
+    """Stop a server started in a process group of its own (SIGTERM, then SIGKILL)."""
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

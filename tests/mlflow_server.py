@@ -2,12 +2,12 @@
 subprocess with a SQLite store in a temp folder, stopped by its process group."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from logs_testing import free_port, stop_group
 
 # A server that is down must make the client fail at once (the tests then
 # check lox's own retries), and nothing may leave the machine.
@@ -19,12 +19,6 @@ CLIENT_ENV = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:
@@ -61,14 +55,7 @@ class MlflowServer:
         raise TimeoutError(f"mlflow server not ready after {timeout} s:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_group(self.process)
 
     def log(self) -> str:
         with open(os.path.join(self.folder, "server.log"), errors="replace") as f:

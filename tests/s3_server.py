@@ -5,14 +5,13 @@ process group. Clients reach it through the standard AWS environment
 
 import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pyarrow.fs as pafs
+from logs_testing import free_port, stop_group
 
 # Credentials the server accepts, a region, and no instance metadata service:
 # nothing may leave the machine.
@@ -22,12 +21,6 @@ CLIENT_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -80,14 +73,7 @@ class S3Server:
         self.filesystem(allow_bucket_creation=True).create_dir(name)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_group(self.process)
 
     def log(self) -> str:
         with open(os.path.join(self.folder, f"moto-{self.port}.log"), errors="replace") as f:

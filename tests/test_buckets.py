@@ -6,10 +6,8 @@ and each batch sent once."""
 
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import fsspec
@@ -20,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from logs_testing import assert_logs_equal
+from logs_testing import assert_logs_equal, kill_after_confirmed
 from mlflow.tracking import MlflowClient
 from mlflow_server import CLIENT_ENV as MLFLOW_ENV
 from s3_server import S3Server
@@ -168,16 +166,7 @@ while True:
 
 def test_a_killed_writer_leaves_every_confirmed_batch_readable_in_a_bucket(s3_server, bucket):
     proc = run_python(CRASHER, f"{bucket}/runs")
-    confirmed = []
-    try:
-        deadline = time.monotonic() + 120
-        while len(confirmed) < 3:
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, proc.stderr.read() if not line else "too slow"
-            confirmed.append(int(line))
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    confirmed = kill_after_confirmed(proc)
     proc.stdout.close()
     proc.stderr.close()
     assert confirmed == list(range(len(confirmed)))

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from logs_testing import free_port, log_epochs
 from mlflow.tracking import MlflowClient
-from mlflow_server import CLIENT_ENV, MlflowServer, free_port
+from mlflow_server import CLIENT_ENV, MlflowServer
 
 import lox
 from lox_backends import cli, hooks
@@ -387,20 +388,7 @@ def test_an_event_without_step_uses_its_other_step_name(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/m.db"
     logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=epochs")
     state = logger.init(name="epochs")
-
-    def epoch(w, e):
-        def step(w, i):
-            lox.log({"loss": w}, step=e * 2 + i, epoch=e)
-            return w * 0.5, None
-
-        w = jax.lax.scan(step, w, jnp.arange(2))[0]
-        lox.log({"val": w + 10.0}, epoch=e)
-        return w
-
-    run = jax.jit(logger.spool(epoch, state))
-    w = jnp.float32(1.0)
-    for e in range(3):
-        w = run(w, e)
+    log_epochs(logger, state)
     logger.finish(state)
     client = MlflowClient(uri)
     run_id = runs_by_name(client, "epochs")["epochs"].info.run_id

@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from logs_testing import assert_logs_equal
-from mlflow_server import free_port
+from logs_testing import assert_logs_equal, free_port
 
 import lox
 from lox_backends import store

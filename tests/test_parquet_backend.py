@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from logs_testing import assert_logs_equal, event
+from logs_testing import assert_logs_equal, event, kill_after_confirmed
 
 import lox
 from lox_backends import hooks, parquet
@@ -360,16 +359,7 @@ while True:
 
 def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
     proc = run_python(CRASHER, tmp_path)
-    confirmed = []
-    try:
-        deadline = time.monotonic() + 120
-        while len(confirmed) < 3:
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, proc.stderr.read() if not line else "too slow"
-            confirmed.append(int(line))
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    confirmed = kill_after_confirmed(proc)
     assert confirmed == list(range(len(confirmed)))
     folder = tmp_path / "crash"
     for path in (tmp_path / "g.batches").glob("batch-*.parquet"):

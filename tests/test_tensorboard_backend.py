@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from logs_testing import log_epochs
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_accumulator, plugin_event_multiplexer
 from tensorboard.backend.event_processing import event_accumulator as ea
@@ -243,20 +244,7 @@ def test_an_event_without_step_uses_its_other_step_name_else_step_0(tmp_path):
     step at all: each goes to its own step name's step (as in the other trackers)."""
     logger = lox.loggers.from_config(spec(tmp_path))
     state = logger.init(name="epochs")
-
-    def epoch(w, e):
-        def step(w, i):
-            lox.log({"loss": w}, step=e * 2 + i, epoch=e)
-            return w * 0.5, None
-
-        w = jax.lax.scan(step, w, jnp.arange(2))[0]
-        lox.log({"val": w + 10.0}, epoch=e)
-        return w
-
-    run = jax.jit(logger.spool(epoch, state))
-    w = jnp.float32(1.0)
-    for e in range(3):
-        w = run(w, e)
+    log_epochs(logger, state)
     logger.log(state, lox.logdict({"note": np.array([4.0])}, {"step": {"note": np.array([NO_STEP])}}))
     logger.finish(state)
     (info,) = logger.runs()
