@@ -466,7 +466,7 @@ def storage():
         # lox 0.1 wrote one file per run and flush: the (run, file) pairs the files hold now.
         before = sum(len(store.runs_in(path)) for path in files)
         t = side_by_side({"pyarrow": lambda: ds.dataset(folder, format="parquet").to_table(),
-                          "lox": lambda: lox.load(folder)}, reps=1, rounds=3)
+                          "lox": lambda: lox.load(folder)}, reps=1, rounds=9)
         loaded = lox.load(folder)
         rows = sum(int(np.size(logs["loss"])) for logs in loaded.values())
     finally:

@@ -1,9 +1,10 @@
 """The ``lox`` command.
 
     lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
-    lox plot RUN_DIR --key loss -o loss.png                 one curve per run
+    lox plot RUN_DIR --key loss -o loss.png                 one curve per run (--run, --group choose them)
     lox backends                                            installed backends and their packages
     lox sync RUN_DIR --to SPEC                              send saved runs to a tracker (what is missing)
+    lox --version
 
 RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox_backends.storage).
 """
@@ -11,6 +12,7 @@ RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 
 from lox_backends.config import mask_secrets
@@ -20,24 +22,58 @@ from lox_backends.registry import registry
 from lox_backends.tracker import SyncError, sync
 
 
+def version() -> str:
+    """The installed version of lox (its distribution is jax-lox)."""
+    try:
+        return importlib.metadata.version("jax-lox")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lox", description="lox: accelerated logging for JAX.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"lox {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="train a small model with several seeds, log it, plot it")
-    demo.add_argument("--dir", default="lox-runs", help="where the runs are saved (default: lox-runs)")
-    demo.add_argument("--seeds", type=int, default=4)
-    demo.add_argument("--epochs", type=int, default=20)
+    demo = commands.add_parser(
+        "demo",
+        help="train a small model with several seeds, log it, plot it",
+        description=(
+            "Train a two-layer network on y = sin(3x) with minibatch SGD, one run per seed, all seeds "
+            "at once under jax.vmap. Every step's loss and gradient norm and every epoch's validation "
+            "loss are logged to 'console,parquet:DIR'; at the end the loss curves are plotted into "
+            "DIR/loss.png (plotting needs matplotlib: pip install 'jax-lox[plot]')."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument("--dir", default="lox-runs", help="where the runs are saved")
+    demo.add_argument("--seeds", type=int, default=4, help="how many seeds (runs) are trained side by side")
+    demo.add_argument("--epochs", type=int, default=20, help="training epochs")
     demo.add_argument("--steps", type=int, default=100, help="SGD steps per epoch")
 
-    plot = commands.add_parser("plot", help="plot one key of saved runs, one curve per run")
+    plot = commands.add_parser(
+        "plot",
+        help="plot one key of saved runs, one curve per run",
+        description=(
+            "Plot one key of saved runs against a step, one curve per run, into a PNG (needs matplotlib: "
+            "pip install 'jax-lox[plot]'). Curves are labelled by run name, or GROUP/NAME where runs of "
+            "different groups share a name; a key holding arrays is plotted as the mean of each event's "
+            "values, which its label says."
+        ),
+    )
     plot.add_argument("path", help="a folder of runs, or one run's folder (a local path, or s3://... gs://...)")
-    plot.add_argument("--key", default="loss")
+    plot.add_argument("--key", default="loss", help="the key to plot (default: loss)")
     plot.add_argument("-o", "--output", default=None,
                       help="PNG file (default: KEY.png in PATH; in the current folder for a bucket)")
-    plot.add_argument("--step", default="step", help="the step name on the x axis")
+    plot.add_argument("--step", default="step",
+                      help="the step name on the x axis (default: step; a key logged without any step is "
+                           "plotted against its event index)")
+    plot.add_argument("--run", action="append", dest="runs", metavar="RUN",
+                      help="plot only this run: its name, GROUP/NAME or run id (repeat for several)")
+    plot.add_argument("--group", action="append", dest="groups", metavar="GROUP",
+                      help="plot only the runs of this group (repeat for several)")
 
-    commands.add_parser("backends", help="list installed backends")
+    commands.add_parser("backends", help="list installed backends and what the missing ones need")
 
     sync = commands.add_parser(
         "sync",
@@ -49,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `lox`
+        parser.print_help()
+        return 0
     try:
         _run(args)
     except (LookupError, OSError, ValueError, ImportError) as error:
@@ -61,7 +100,9 @@ def _run(args) -> None:
     if args.command == "demo":
         run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
     elif args.command == "plot":
-        print(plot_runs(args.path, key=args.key, output=args.output, step=args.step))
+        print(plot_runs(
+            args.path, key=args.key, output=args.output, step=args.step, runs=args.runs, groups=args.groups
+        ))
     elif args.command == "backends":
         print(backends_table())
     elif args.command == "sync":

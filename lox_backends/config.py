@@ -10,14 +10,22 @@ A config string is a comma-separated list of specs, each ``name``,
 The target runs up to the first ``?``; option values are URL-decoded. Secrets
 (a password in a URL, options such as ``token`` or ``api_key``) are never shown:
 `BackendConfig`'s repr and every error message mask them.
+
+Backends declare their options as `Option`s and read them with
+`check_options`, which types and range-checks every value when the backend is
+created, so a mistake is refused where it is made, naming the backend, the
+option and what is allowed (and suggesting a close name for an unknown one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import re
 import urllib.parse
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -120,3 +128,128 @@ def _parse_spec(text: str, spec: str, start: int) -> BackendConfig:
 def _fail(text: str, position: int, reason: str) -> NoReturn:
     shown = mask_secrets(text)
     raise ConfigError(f"invalid lox config: {reason}, at character {position + 1}:\n    {shown}\n    {' ' * position}^")
+
+
+# --- backend options ---------------------------------------------------------------------
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One ``?key=value`` option of a backend: what it does (`help`, shown in
+    messages), its `kind` (``"text"``, ``"int"``, ``"float"``, ``"flag"`` or
+    ``"choice"``), its `default` (None: the backend decides, e.g. from an
+    environment variable), the range an int or float must be in
+    (`minimum`/`maximum`, inclusive), the values of a choice (`choices`,
+    compared case-insensitively), and `check`: a function of the typed value
+    that returns why it is refused (None when it is fine)."""
+
+    help: str
+    kind: str = "text"
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    check: Callable[[Any], str | None] | None = None
+
+    def allowed(self) -> str:
+        """What a value may be, in words."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "flag":
+            return "1, true, yes, on or 0, false, no, off"
+        if self.kind in ("int", "float"):
+            what = "an integer" if self.kind == "int" else "a number"
+            if self.minimum is not None and self.maximum is not None:
+                return f"{what} from {self.minimum:g} to {self.maximum:g}"
+            if self.minimum is not None:
+                return f"{what} >= {self.minimum:g}"
+            if self.maximum is not None:
+                return f"{what} <= {self.maximum:g}"
+            return what
+        return "text"
+
+    def describe(self) -> str:
+        """What the option does, what it may be and its default, in words."""
+        text = self.help + (f": {self.allowed()}" if self.kind != "text" else "")
+        if self.default is not None:
+            shown = {True: "1", False: "0"}.get(self.default, self.default) if self.kind == "flag" else self.default
+            text += f"; default {shown:g}" if isinstance(shown, float) else f"; default {shown}"
+        return text
+
+    def _refusal(self) -> str:
+        return f"it must be {self.allowed()}"
+
+    def parse(self, value: str) -> Any:
+        """`value` typed; `ValueError` with what is allowed when it is not."""
+        if self.kind == "int":
+            try:
+                typed: Any = int(value.strip())
+            except ValueError:
+                raise ValueError(self._refusal()) from None
+        elif self.kind == "float":
+            try:
+                typed = float(value.strip())
+            except ValueError:
+                raise ValueError(self._refusal()) from None
+            if not math.isfinite(typed):
+                raise ValueError(self._refusal())
+        elif self.kind == "flag":
+            lowered = value.strip().lower()
+            if lowered not in _TRUE + _FALSE:
+                raise ValueError(self._refusal())
+            typed = lowered in _TRUE
+        elif self.kind == "choice":
+            typed = value.strip().lower()
+            if typed not in self.choices:
+                raise ValueError(self._refusal())
+        else:
+            typed = value
+        if (self.minimum is not None and typed < self.minimum) or (self.maximum is not None and typed > self.maximum):
+            raise ValueError(self._refusal())
+        refused = self.check(typed) if self.check is not None else None
+        if refused:
+            raise ValueError(refused)
+        return typed
+
+
+def check_options(
+    backend: str, options: Mapping[str, str], specs: Mapping[str, Option], example: str
+) -> dict[str, Any]:
+    """The `options` of `backend` checked against its `specs` and typed, with the
+    defaults of the options not given. Raises `ValueError` naming the backend,
+    the option, the value and what is allowed; for an unknown option, the close
+    names and the options there are. `example` is a config string that works.
+
+    >>> check_options("demo", {"every": "5"}, {"every": Option("seconds", "float", 1.0, minimum=0)}, "demo?every=5")
+    {'every': 5.0}
+    >>> check_options("demo", {"evrey": "5"}, {"every": Option("s")}, "demo")
+    Traceback (most recent call last):
+    ...
+    ValueError: the demo backend has no option 'evrey'; did you mean 'every'? Its options are: every (s). E.g. 'demo'.
+    """
+    for name in options:
+        if name not in specs:
+            close = difflib.get_close_matches(name, list(specs), n=1, cutoff=0.6)
+            listed = "; ".join(f"{key} ({spec.describe()})" for key, spec in specs.items())
+            if close:
+                raise ValueError(
+                    f"the {backend} backend has no option {name!r}; did you mean {close[0]!r}? "
+                    f"Its options are: {listed}. E.g. {example!r}."
+                )
+            if not specs:
+                raise ValueError(f"the {backend} backend has no options (got {name!r}). E.g. {example!r}.")
+            raise ValueError(
+                f"the {backend} backend has no option {name!r}; its options are: {listed}. E.g. {example!r}."
+            )
+    typed = {name: spec.default for name, spec in specs.items()}
+    for name, value in options.items():
+        try:
+            typed[name] = specs[name].parse(value)
+        except ValueError as e:
+            shown = "*" * len(value) if _SECRET_OPTION.search(name) else value
+            raise ValueError(
+                f"the {backend} backend's option {name}={shown!r} is refused: {e} "
+                f"({specs[name].help}). E.g. {example!r}."
+            ) from None
+    return typed

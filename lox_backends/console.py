@@ -14,20 +14,25 @@ import time
 import numpy as np
 
 from lox_backends import hooks
+from lox_backends.config import Option, check_options
 from lox_core import console, schema
+
+OPTIONS = {
+    "interval": Option("seconds between plain lines per run", "float", 1.0, minimum=0),
+    "plain": Option("plain lines even on a terminal (1), or a live table there (0)", "flag", False),
+}
+EXAMPLE = "console?interval=5"
 
 
 class ConsoleBackend(hooks.Backend):
     def __init__(self, target=None, options=None):
         super().__init__(target, options)
-        self.check_options(
-            "console",
-            {"interval": "seconds between lines per run", "plain": "1: plain lines even on a terminal"},
-            "console?interval=5",
-        )
-        self.interval = float(self.options.get("interval", 1.0))
+        if target:
+            raise ValueError(f"the console backend takes no target (got 'console:{target}'). E.g. {EXAMPLE!r}.")
+        settings = check_options("console", self.options, OPTIONS, EXAMPLE)
+        self.interval: float = settings["interval"]
         self.stream = sys.stdout
-        self.live_table = self.stream.isatty() and self.options.get("plain", "0") not in ("1", "true")
+        self.live_table = self.stream.isatty() and not settings["plain"]
         self._latest: dict[str, dict] = {}  # run_id → {key: (value, {step name: step})}
         self._names: dict[str, str] = {}
         self._printed_at: dict[str, float] = {}

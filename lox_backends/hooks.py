@@ -199,6 +199,11 @@ class Hooks:
 
 def _installed(module: str) -> bool:
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):  # a dotted name whose parent package is missing
         return False
+    if spec is None:
+        return False
+    # A folder of that name on sys.path (W&B's offline runs make ./wandb) is a namespace
+    # package, not the client; dotted names may have namespace parents, top-level ones not.
+    return "." in module or spec.origin is not None

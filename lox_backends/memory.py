@@ -12,6 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lox_backends import hooks
+from lox_backends.config import check_options
 from lox_core.arrow import from_arrow
 from lox_core.logdict import concat, logdict
 
@@ -43,6 +44,10 @@ class MemoryBackend(hooks.Backend):
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
+        if target:
+            raise ValueError(f"the memory backend takes no target (got 'memory:{target}'); it keeps runs in "
+                             "this process. Use 'memory'.")
+        check_options("memory", self.options, {}, "memory")
         self.runs: dict[str, hooks.RunInfo] = {}
         self.writes: dict[str, list[pa.Table]] = {}
         self.closed: dict[str, bool] = {}

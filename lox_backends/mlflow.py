@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from lox_backends import hooks
+from lox_backends.config import Option
 from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
 from lox_core.logdict import NO_STEP
 
@@ -59,12 +60,15 @@ class MlflowBackend(TrackerBackend):
     """Sends runs to MLflow; see the module docstring."""
 
     tracker = "mlflow"
-    options_help = {"experiment": f"the MLflow experiment (default {DEFAULT_EXPERIMENT}, created if missing)"}
+    option_specs = {
+        "experiment": Option("the MLflow experiment, created if missing",
+                             default=DEFAULT_EXPERIMENT, check=lambda name: None if name else "it must not be empty"),
+    }
     example = "mlflow:http://127.0.0.1:5000?experiment=demo"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        self.experiment = self.options.get("experiment", DEFAULT_EXPERIMENT)
+        self.experiment: str = self.settings["experiment"]
         # Imported here, in the thread that creates the backend: the sending
         # thread may first need it while the interpreter exits.
         from mlflow.tracking import MlflowClient

@@ -61,6 +61,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from lox_backends import hooks
+from lox_backends.config import Option
 from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
 from lox_core.logdict import NO_STEP
 
@@ -77,16 +78,17 @@ class NeptuneBackend(TrackerBackend):
     """Sends runs to Neptune; see the module docstring."""
 
     tracker = "neptune"
-    options_help = {"mode": "offline, async or sync (default NEPTUNE_MODE, else async)"}
+    option_specs = {
+        "mode": Option("how runs are sent, by default NEPTUNE_MODE or else async", "choice", choices=MODES),
+    }
     example = "neptune:my-workspace/my-project?mode=offline"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        mode = self.options.get("mode") or os.environ.get("NEPTUNE_MODE") or "async"
+        mode = self.settings["mode"] or os.environ.get("NEPTUNE_MODE") or "async"
         if mode not in MODES:
-            where = "mode" if self.options.get("mode") else "NEPTUNE_MODE"
             raise ValueError(
-                f"the neptune backend's {where} is {mode!r}; use offline, async or sync. E.g. {self.example!r}."
+                f"the neptune backend's NEPTUNE_MODE is {mode!r}; use offline, async or sync. E.g. {self.example!r}."
             )
         project = target or os.environ.get("NEPTUNE_PROJECT") or None
         if project is not None and not _PROJECT.fullmatch(project):

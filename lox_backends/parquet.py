@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import errno
 import functools
 import importlib.metadata
 import json
+import math
 import os
 import secrets
 import time
@@ -48,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lox_backends import hooks, storage
+from lox_backends.config import Option, check_options
 from lox_backends.store import (
     DEFAULT_DIR,
     RUN_FILE,
@@ -64,9 +67,32 @@ from lox_backends.store import (
 )
 from lox_core import schema
 
-__all__ = ["ParquetBackend", "LogListener", "write_table", "load", "runs", "DEFAULT_DIR", "TIME_METADATA"]
+__all__ = [
+    "ParquetBackend", "LogListener", "write_table", "check_writable", "load", "runs", "DEFAULT_DIR", "TIME_METADATA",
+]
 
 DEFAULT_ROWS_PER_FILE = 262_144  # tables are kept until a flush, or until this many rows wait
+COMPRESSIONS = ("snappy", "zstd", "gzip", "brotli", "lz4", "none")  # what pyarrow's Parquet writer takes
+
+
+def _codec_available(name: str) -> str | None:
+    if name == "none" or pa.Codec.is_available(name):
+        return None
+    usable = ", ".join(c for c in COMPRESSIONS if c == "none" or pa.Codec.is_available(c))
+    return f"this pyarrow was built without {name}; use one of {usable}"
+
+
+OPTIONS = {
+    "compression": Option(
+        "codec of the Parquet files", "choice", "snappy",
+        choices=COMPRESSIONS, check=_codec_available,
+    ),
+    "rows_per_file": Option(
+        "rows that wait before a file is written", "int",
+        DEFAULT_ROWS_PER_FILE, minimum=1,
+    ),
+}
+EXAMPLE = "parquet:runs?compression=zstd&rows_per_file=100000"
 
 
 class LogListener:
@@ -94,23 +120,22 @@ class ParquetBackend(hooks.Backend):
     current directory when the backend is created, or a URI of a folder in a
     bucket (``s3://bucket/runs``), checked when the backend is created: a scheme
     no filesystem serves, a missing package or bucket, refused credentials
-    raise here, naming the URI. Option ``compression``
-    (``snappy`` by default; ``zstd``, ``gzip``, ``none``, ...) is passed to
-    Parquet.
+    raise here, naming the URI; a local folder is created and must be
+    writable (`check_writable`). Options (`OPTIONS`, checked here):
+    ``compression`` (``snappy`` by default; ``zstd``, ``gzip``, ``brotli``,
+    ``lz4``, ``none``) is passed to Parquet; ``rows_per_file``.
     """
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        self.check_options(
-            "parquet",
-            {"compression": "snappy, zstd, gzip, none...", "rows_per_file": "rows that wait before a file is written"},
-            "parquet:runs?compression=zstd&rows_per_file=100000",
-        )
-        self.compression = self.options.get("compression", "snappy")
-        self.rows_per_file = int(self.options.get("rows_per_file", DEFAULT_ROWS_PER_FILE))
+        settings = check_options("parquet", self.options, OPTIONS, EXAMPLE)
+        self.compression: str = settings["compression"]
+        self.rows_per_file: int = settings["rows_per_file"]
         # Absolute now, so that a later os.chdir does not split a run in two.
         self.root = storage.resolve(target or DEFAULT_DIR, check=True)
         self.remote = storage.is_uri(self.root)
+        if not self.remote:
+            check_writable(self.root, "the parquet backend's folder")
         self._uploads = _Uploads() if self.remote else None
         self._existing: set[str] | None = None  # in a bucket: the folders there when the first run opened
         self._runs: dict[str, _RunState] = {}
@@ -276,7 +301,7 @@ class ParquetBackend(hooks.Backend):
 
     def _write_run_json(self, state: _RunState) -> None:
         path = storage.join(state.folder, RUN_FILE)
-        text = json.dumps(state.info, indent=2, default=_json_default)
+        text = json.dumps(_strict_json(state.info), indent=2, allow_nan=False, default=_json_default)
         if self._uploads is not None:  # in the background, after the run's previous one
             self._uploads.put(state.folder, path, (text + "\n").encode())
             return
@@ -412,8 +437,62 @@ def _lox_version() -> str | None:
 def _json_default(value):
     # NumPy and JAX scalars and arrays in metadata become plain JSON values.
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return _strict_json(value.tolist())
     return str(value)
+
+
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` with its non-finite floats (anywhere in dicts, lists, NumPy
+    values) as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``: JSON has
+    no such numbers, and strict readers refuse Python's ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("NaN" if math.isnan(value) else _NON_FINITE[value])
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return _strict_json(value.tolist())  # NumPy and JAX scalars and arrays
+    return value
+
+
+def check_writable(folder: str, what: str) -> None:
+    """Create the local `folder` (and its parents) and write and remove a hidden
+    file there; `ValueError` naming `what` (e.g. "the parquet backend's
+    folder"), the folder and why where that fails: refused when a backend is
+    created, rather than losing every batch later."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".lox-write-check-{secrets.token_hex(4)}.tmp")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(
+            f"{what} {folder!r} cannot be written: {_why_unwritable(folder, e)}. "
+            "Give a folder this process can write to."
+        ) from e
+
+
+def _why_unwritable(folder: str, error: OSError) -> str:
+    path = folder
+    while True:  # the nearest part of the path that exists
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                return f"a file is in the way: {path!r}"
+            break
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    if error.errno == errno.EROFS:
+        return "read-only file system"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return (os.strerror(error.errno) if error.errno else str(error)).lower()
 
 
 def _remove_quietly(path: str) -> None:

@@ -146,7 +146,7 @@ class Registry:
         found = offers.get(name)
         where = f" in {mask_secrets(str(config))!r}" if config is not None else ""
         if not found:
-            known = ", ".join(offers) or "none"
+            known = ", ".join(_listed(known, offered) for known, offered in offers.items()) or "none"
             close = difflib.get_close_matches(name, offers, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise BackendNotFound(
@@ -174,6 +174,12 @@ class Registry:
         """A backend instance for one parsed spec."""
         spec = self.lookup(config.name, config)
         return spec.load()(config.target, dict(config.options))
+
+
+def _listed(name: str, offers: list[Offer]) -> str:
+    """A backend name as error messages list it: marked when its extra is missing."""
+    missing = [offer.spec for offer in offers if offer.spec.missing()]
+    return f"{name} (needs: {missing[0].install_hint()})" if len(missing) == len(offers) else name
 
 
 def _skip(plugin: str, package: str, error: Exception) -> None:

@@ -56,6 +56,7 @@ import time
 import numpy as np
 
 from lox_backends import hooks
+from lox_backends.parquet import check_writable
 from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
 from lox_core import schema
 from lox_core.arrow import from_arrow
@@ -102,6 +103,7 @@ class TensorboardBackend(TrackerBackend):
             raise ValueError(
                 f"the tensorboard backend's folder {self.logdir!r} is a file; give it a folder, e.g. {self.example!r}."
             )
+        check_writable(self.logdir, "the tensorboard backend's folder")
         # Imported here, in the thread that creates the backend: the sending
         # thread may first need it while the interpreter exits.
         import tensorboardX.record_writer

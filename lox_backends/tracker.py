@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lox_backends import hooks, storage
-from lox_backends.config import BackendConfig, mask_secrets, parse
-from lox_backends.parquet import LogListener, ParquetBackend
+from lox_backends.config import BackendConfig, Option, check_options, mask_secrets, parse
+from lox_backends.parquet import LogListener, ParquetBackend, check_writable
 from lox_backends.registry import registry
 from lox_backends.shutdown import flush_before_exit_handlers
 from lox_backends.store import DEFAULT_DIR, TIME_METADATA, BatchFile, batch_file, locate, read_run_json, run_files
@@ -51,7 +51,9 @@ from lox_backends.worker import Worker
 from lox_core import schema
 from lox_core.logdict import NO_STEP
 
-COMMON_OPTIONS = {"local": "folder of the local log that is sent from (default lox-runs)"}
+COMMON_OPTIONS = {
+    "local": Option("folder of the local log that is sent from", default=DEFAULT_DIR),
+}
 RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
 RETRY_MAX = 30.0
 
@@ -87,13 +89,19 @@ class TrackerBackend(hooks.Backend):
     tracker = "tracker"
     confirms_at_end = False
     syncing = False  # True while `lox sync` sends (see `start_run`)
-    options_help: dict[str, str] = {}  # the subclass's own options, besides `local`
+    option_specs: dict[str, Option] = {}  # the subclass's own options, besides `local`
+    options_help: dict[str, str] = {}  # the same for text options: name → what it does (lox 0.2)
     example = ""
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        self.check_options(self.tracker, {**self.options_help, **COMMON_OPTIONS}, self.example)
-        self.log = ParquetBackend(self.options.get("local", DEFAULT_DIR))
+        specs = {**{name: Option(what) for name, what in self.options_help.items()}, **self.option_specs,
+                 **COMMON_OPTIONS}
+        self.settings = check_options(self.tracker, self.options, specs, self.example)
+        local = storage.resolve(self.settings["local"])
+        if not storage.is_uri(local):
+            check_writable(local, f"the {self.tracker} backend's local folder (option local)")
+        self.log = ParquetBackend(local)
         self._follower = _Follower(self)
         self.log.listeners.append(self._follower)
         self._owns_log = True

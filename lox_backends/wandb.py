@@ -64,6 +64,7 @@ from typing import Literal
 import numpy as np
 
 from lox_backends import hooks
+from lox_backends.config import Option
 from lox_backends.store import fsync
 from lox_backends.tracker import Batch, TrackerBackend
 from lox_core import schema
@@ -85,10 +86,10 @@ class WandbBackend(TrackerBackend):
 
     tracker = "wandb"
     confirms_at_end = True
-    options_help = {
-        "project": f"the W&B project (default WANDB_PROJECT, else {DEFAULT_PROJECT})",
-        "entity": "the W&B entity, a user or team (default: yours)",
-        "mode": "online, offline or disabled (default WANDB_MODE, else online)",
+    option_specs = {
+        "project": Option(f"the W&B project, by default WANDB_PROJECT or else {DEFAULT_PROJECT}"),
+        "entity": Option("the W&B entity, a user or team, by default yours"),
+        "mode": Option("how runs are sent, by default WANDB_MODE or else online", "choice", choices=MODES),
     }
     example = "wandb?project=demo&mode=offline"
 
@@ -99,15 +100,15 @@ class WandbBackend(TrackerBackend):
                 f"the wandb backend takes no target (got 'wandb:{target}'); the server is W&B's "
                 f"WANDB_BASE_URL. E.g. {self.example!r}."
             )
-        self.mode = _mode(self.options.get("mode"))
-        self.project = self.options.get("project") or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        self.mode = _mode(self.settings["mode"])
+        self.project = self.settings["project"] or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
         bad = sorted(set(self.project) & set(_PROJECT_REFUSED))
         if bad:
             raise ValueError(
                 f"the wandb backend's project {self.project!r} has {''.join(bad)!r}, which W&B refuses in project "
                 f"names ({_PROJECT_REFUSED}). E.g. {self.example!r}."
             )
-        self.entity = self.options.get("entity") or os.environ.get("WANDB_ENTITY") or None
+        self.entity = self.settings["entity"] or os.environ.get("WANDB_ENTITY") or None
         # Resolved now, as the local log's folder is: where offline runs go.
         self.wandb_dir = os.path.abspath(os.environ.get("WANDB_DIR") or os.getcwd())
         # Imported here, in the thread that creates the backend: the sending

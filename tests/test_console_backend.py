@@ -1,8 +1,10 @@
 """The console backend: plain lines off a terminal, a live table on one, both rate-limited."""
 
 import io
+import re
 
 import numpy as np
+import pytest
 
 import lox
 from lox_backends import hooks
@@ -76,3 +78,25 @@ def test_close_shows_throttled_values_of_unfinished_runs():
     backend.write(run, event(1, loss=0.5).to_arrow(run=run.run_id))  # throttled
     backend.close()
     assert backend.stream.getvalue().splitlines()[-1] == "[never-finished] [step=1] loss=0.5"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("console?interval=abc", "the console backend's option interval='abc' is refused: it must be a number >= 0 "
+                             "(seconds between plain lines per run)"),
+    ("console?interval=-1", "the console backend's option interval='-1' is refused: it must be a number >= 0"),
+    ("console?interval=nan", "the console backend's option interval='nan' is refused: it must be a number >= 0"),
+    ("console?plain=maybe", "the console backend's option plain='maybe' is refused: it must be 1, true, yes, on "
+                            "or 0, false, no, off"),
+    ("console?intervall=2", "the console backend has no option 'intervall'; did you mean 'interval'? Its options "
+                            "are: interval (seconds between plain lines per run: a number >= 0; default 1); plain "),
+    ("console:out.txt", "the console backend takes no target (got 'console:out.txt'). E.g. 'console?interval=5'."),
+])
+def test_bad_options_are_refused_when_the_logger_is_created(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lox.loggers.from_config(spec)
+
+
+def test_options_are_typed():
+    backend = ConsoleBackend(None, {"interval": "2.5", "plain": "Yes"})
+    assert backend.interval == 2.5 and backend.live_table is False
+    assert ConsoleBackend(None, {}).interval == 1.0

@@ -1,6 +1,8 @@
 """The memory backend: keeps runs, batches, events and flags as given, and reads a run
 back as the concatenation of what it received."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,8 +42,7 @@ def test_batches_and_events_come_back_in_arrival_order():
 
 
 def test_runs_flags_and_flushes_are_recorded():
-    backend = MemoryBackend("anything", {"k": "v"})
-    assert (backend.target, backend.options) == ("anything", {"k": "v"})
+    backend = MemoryBackend()
     other = hooks.RunInfo("run-1", name="other", group="g", index=1)
     backend.open_run(RUN)
     backend.open_run(other)
@@ -96,3 +97,13 @@ def test_the_plugin_offers_the_backend():
     manager.register(memory)
     (spec,) = [s for specs in manager.hook.lox_backends() for s in specs]
     assert spec.name == "memory" and spec.load() is MemoryBackend and spec.missing() == []
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("memory:target", "the memory backend takes no target (got 'memory:target'); it keeps runs in this process. "
+                      "Use 'memory'."),
+    ("memory?keep=1", "the memory backend has no options (got 'keep'). E.g. 'memory'."),
+])
+def test_a_target_or_options_are_refused(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lox.loggers.from_config(spec)

@@ -226,7 +226,8 @@ def test_a_killed_run_is_completed_by_lox_sync_once(neptune_env, capsys):
 # --- errors ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec, message", [
     ("neptune:ws/proj?mode=offline&project=x", "the neptune backend has no option 'project'; its options are: mode"),
-    ("neptune:ws/proj?mode=debug", "the neptune backend's mode is 'debug'; use offline, async or sync"),
+    ("neptune:ws/proj?mode=debug", "the neptune backend's option mode='debug' is refused: it must be one of "
+                                   "offline, async, sync"),
     ("neptune:my-project?mode=offline", "project is 'my-project'; a Neptune project is WORKSPACE/PROJECT"),
     ("neptune:ws/proj/extra?mode=offline", "project is 'ws/proj/extra'; a Neptune project is WORKSPACE/PROJECT"),
     ("neptune?mode=async", "needs a project in mode=async: neptune:WORKSPACE/PROJECT, or set NEPTUNE_PROJECT"),

@@ -403,8 +403,71 @@ def test_a_damaged_batch_file_is_named(tmp_path):
 
 
 def test_unknown_options_are_refused():
-    with pytest.raises(ValueError, match="no option 'compresion'.*compression"):
+    with pytest.raises(ValueError, match="no option 'compresion'; did you mean 'compression'\\? Its options are: "
+                                         "compression .*; rows_per_file "):
         ParquetBackend("runs", {"compresion": "zstd"})
+
+
+@pytest.mark.parametrize("option, message", [
+    ("compression=bogus", "option compression='bogus' is refused: it must be one of snappy, zstd, gzip, brotli, "
+                          "lz4, none"),
+    ("rows_per_file=abc", "option rows_per_file='abc' is refused: it must be an integer >= 1"),
+    ("rows_per_file=0", "option rows_per_file='0' is refused: it must be an integer >= 1"),
+    ("rows_per_file=-1", "option rows_per_file='-1' is refused: it must be an integer >= 1"),
+    ("rows_per_file=1.5", "option rows_per_file='1.5' is refused: it must be an integer >= 1"),
+])
+def test_option_values_are_checked_when_the_logger_is_created(tmp_path, option, message):
+    with pytest.raises(ValueError, match=re.escape(f"the parquet backend's {message} (")):
+        lox.loggers.from_config(f"parquet:{tmp_path}/runs?{option}")
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_option_values_are_typed_and_case_does_not_matter(tmp_path):
+    (backend,) = lox.loggers.from_config(f"parquet:{tmp_path}?compression=ZSTD&rows_per_file=10").backends
+    assert backend.compression == "zstd" and backend.rows_per_file == 10
+    (backend,) = lox.loggers.from_config(f"parquet:{tmp_path}").backends
+    assert backend.compression == "snappy" and backend.rows_per_file == parquet.DEFAULT_ROWS_PER_FILE
+
+
+def test_a_folder_behind_a_file_is_refused_when_the_logger_is_created(tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    target = tmp_path / "notes.txt" / "runs"
+    with pytest.raises(ValueError, match=re.escape(
+        f"the parquet backend's folder '{target}' cannot be written: a file is in the way: "
+        f"'{tmp_path / 'notes.txt'}'. Give a folder this process can write to."
+    )):
+        lox.loggers.from_config(f"parquet:{target}")
+    with pytest.raises(ValueError, match=re.escape(f"a file is in the way: '{tmp_path / 'notes.txt'}'")):
+        lox.loggers.SaveLogger(tmp_path / "notes.txt")
+
+
+def test_a_folder_no_one_may_write_is_refused_when_the_logger_is_created():
+    # sysfs refuses new folders to every user, root included.
+    with pytest.raises(ValueError, match=r"the parquet backend's folder '/sys/lox-runs' cannot be written: "
+                                         r"(permission denied|read-only file system)\."):
+        lox.loggers.from_config("parquet:/sys/lox-runs")
+
+
+def test_a_writable_folder_is_created_when_the_logger_is_created_and_left_clean(tmp_path):
+    lox.loggers.from_config(f"parquet:{tmp_path}/new/runs")
+    assert os.listdir(tmp_path / "new" / "runs") == []  # the write check leaves nothing behind
+
+
+def test_run_json_is_strict_json_with_non_finite_metadata_as_strings(tmp_path):
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+    state = logger.init(lr=float("nan"), clip=float("inf"), floor=-np.inf, betas=np.array([0.5, np.nan]),
+                        nested={"eps": float("-inf"), "ok": 1.5})
+    logger.finish(state)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    (folder,) = [p for p in tmp_path.iterdir() if (p / "_run.json").exists()]
+    info = json.loads((folder / "_run.json").read_text(), parse_constant=refuse)
+    expected = {"lr": "NaN", "clip": "Infinity", "floor": "-Infinity", "betas": [0.5, "NaN"],
+                "nested": {"eps": "-Infinity", "ok": 1.5}}
+    assert info["metadata"] == expected
+    assert parquet.runs(tmp_path)[0]["metadata"] == expected
 
 
 def test_compression_option(tmp_path):

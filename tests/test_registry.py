@@ -188,3 +188,15 @@ def test_missing_dotted_requirements_are_reported_not_crashed_on():
     spec = hooks.BackendSpec("gcs", hooks.Backend, requires=("lox_missing_parent.cloud.storage",))
     assert spec.missing() == ["lox_missing_parent.cloud.storage"]
     assert spec.install_hint() == "pip install lox_missing_parent.cloud.storage"
+
+
+def test_a_folder_named_like_a_client_is_not_the_client(tmp_path, monkeypatch):
+    # W&B's offline runs leave ./wandb in the working directory, which is on sys.path
+    # for `python -m` and notebooks: as a namespace package it is not the client.
+    (tmp_path / "lox_test_client").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = hooks.BackendSpec("needs-client", "lox_test_client:Backend", requires=("lox_test_client",),
+                             install="pip install lox-test-client")
+    assert spec.missing() == ["lox_test_client"]
+    (tmp_path / "lox_test_client" / "__init__.py").write_text("")
+    assert spec.missing() == []

@@ -6,6 +6,7 @@ is open, through `lox sync`, and after a killed process."""
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -478,6 +479,20 @@ def test_an_unknown_option_is_refused_with_the_options_there_are():
         lox.loggers.from_config("tensorboard:tb?flush_secs=5")
 
 
+def test_folders_behind_a_file_are_refused_when_the_logger_is_created(tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file, not a folder")
+    with pytest.raises(ValueError, match=re.escape(
+        f"the tensorboard backend's local folder (option local) '{blocker}/runs' cannot be written: "
+        f"a file is in the way: '{blocker}'."
+    )):
+        lox.loggers.from_config(f"tensorboard:{tmp_path}/tb?local={blocker}/runs")
+    with pytest.raises(ValueError, match=re.escape(
+        f"the tensorboard backend's folder '{blocker}/tb' cannot be written: a file is in the way: '{blocker}'."
+    )):
+        lox.loggers.from_config(f"tensorboard:{blocker}/tb?local={tmp_path}/runs")
+
+
 def test_a_uri_is_refused_with_what_to_do():
     with pytest.raises(ValueError, match=r"the tensorboard backend writes to a local folder, got 's3://bucket/tb'; "
                                          r"write to a folder \(e\.g\. 'tensorboard:tb-runs'\) "
@@ -497,7 +512,7 @@ def test_a_folder_that_cannot_be_written_is_warned_about_once_and_kept_locally(t
     forever; lox warns once, names the sync command, and the logs stay in the local log."""
     target = spec(tmp_path)
     logger = lox.loggers.from_config(target, name="blocked")
-    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb").mkdir(exist_ok=True)  # created, and checked writable, by from_config
     (tmp_path / "tb" / logger.group).write_text("in the way")
     state = logger.init()
     logger.log(state, lox.logdict({"x": np.array([1.0])}, {"step": {"x": np.array([0])}}))

@@ -271,13 +271,13 @@ def test_disabled_mode_keeps_the_local_log_only(wandb_env, tmp_path):
     "config, message",
     [
         ("wandb?project=p&colour=red",
-         "the wandb backend has no option 'colour'; its options are: project (the W&B project (default "
-         "WANDB_PROJECT, else lox)); entity (the W&B entity, a user or team (default: yours)); mode (online, "
-         "offline or disabled (default WANDB_MODE, else online)); local (folder of the local log that is sent "
-         "from (default lox-runs)). E.g. 'wandb?project=demo&mode=offline'."),
+         "the wandb backend has no option 'colour'; its options are: project (the W&B project, by default "
+         "WANDB_PROJECT or else lox); entity (the W&B entity, a user or team, by default yours); mode (how runs "
+         "are sent, by default WANDB_MODE or else online: one of online, offline, disabled); local (folder of the "
+         "local log that is sent from; default lox-runs). E.g. 'wandb?project=demo&mode=offline'."),
         ("wandb?mode=shared",
-         "the wandb backend's mode is online, offline or disabled, got 'shared'. "
-         "E.g. 'wandb?project=demo&mode=offline'."),
+         "the wandb backend's option mode='shared' is refused: it must be one of online, offline, disabled (how "
+         "runs are sent, by default WANDB_MODE or else online). E.g. 'wandb?project=demo&mode=offline'."),
         ("wandb:https://example.com?project=p",
          "the wandb backend takes no target (got 'wandb:https://example.com'); the server is W&B's "
          "WANDB_BASE_URL. E.g. 'wandb?project=demo&mode=offline'."),
