@@ -423,3 +423,30 @@ def test_logger_tap_of_a_custom_jvp_function_under_grad_says_what_to_do():
     with pytest.raises(NotImplementedError, match=r"cannot route the event with keys 'inside'.*use `logger.spool`"):
         jax.grad(lambda x: logger.tap(g, state)(x))(1.0)
     logger.close()
+
+
+def test_a_script_that_ends_cleanly_prints_nothing_on_stderr(tmp_path):
+    # Module-level functions jitted through lox.spool and lox.tap (whose compiled-program
+    # cache refers to them weakly), a logger never finished: nothing at exit looks like a crash.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import jax, jax.numpy as jnp, lox
+
+        def step(w, i):
+            lox.log({{"loss": w * w}}, step=i)
+            return w * 0.5
+
+        spooled = jax.jit(lox.spool(step))
+        tapped = jax.jit(lox.tap(step, lambda event: None))
+        w, logs = spooled(1.0, 0)
+        tapped(w, 1)
+        logger = lox.loggers.from_config({f"parquet:{tmp_path / 'runs'}"!r})
+        state = logger.init()
+        logger.spool(step, state)(w, 2)
+        print(float(logs["loss"][0]))
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "LOX_DEFAULT": "off"}, cwd=tmp_path, check=False)
+    assert result.returncode == 0 and result.stdout == "1.0\n"
+    assert result.stderr == ""
+    assert len(lox.load(tmp_path / "runs")) == 1  # the unfinished run written at exit
