@@ -463,13 +463,22 @@ def check_writable(folder: str, what: str) -> None:
     """Create the local `folder` (and its parents) and write and remove a hidden
     file there; `ValueError` naming `what` (e.g. "the parquet backend's
     folder"), the folder and why where that fails: refused when a backend is
-    created, rather than losing every batch later."""
+    created, rather than losing every batch later. Folders it had to create are
+    removed again (the backend makes them when it writes): a backend refused
+    later in its creation leaves nothing behind."""
+    created = []  # the folders made here, deepest last
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        created.insert(0, path)
+        path = os.path.dirname(path)
     try:
         os.makedirs(folder, exist_ok=True)
         probe = os.path.join(folder, f".lox-write-check-{secrets.token_hex(4)}.tmp")
         with open(probe, "wb"):
             pass
         os.remove(probe)
+        for made in reversed(created):
+            os.rmdir(made)
     except OSError as e:
         raise ValueError(
             f"{what} {folder!r} cannot be written: {_why_unwritable(folder, e)}. "

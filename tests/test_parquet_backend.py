@@ -448,9 +448,11 @@ def test_a_folder_no_one_may_write_is_refused_when_the_logger_is_created():
         lox.loggers.from_config("parquet:/sys/lox-runs")
 
 
-def test_a_writable_folder_is_created_when_the_logger_is_created_and_left_clean(tmp_path):
+def test_the_write_check_leaves_nothing_behind(tmp_path):
+    (tmp_path / "existing").mkdir()
+    lox.loggers.from_config(f"parquet:{tmp_path}/existing")
     lox.loggers.from_config(f"parquet:{tmp_path}/new/runs")
-    assert os.listdir(tmp_path / "new" / "runs") == []  # the write check leaves nothing behind
+    assert os.listdir(tmp_path) == ["existing"] and os.listdir(tmp_path / "existing") == []  # made when written
 
 
 def test_run_json_is_strict_json_with_non_finite_metadata_as_strings(tmp_path):
