@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import jax
@@ -174,6 +175,42 @@ def test_backend_errors_surface_on_the_next_call_and_at_finish():
         logger.finish(states)
     # The other backend got every seed's batch.
     assert [len(working.tables(r.run_id)) for r in logger.runs()] == [1, 1]
+
+
+def test_under_jit_a_backend_error_is_warned_about_when_it_happens_and_raised_by_the_next_call():
+    # The jitted step's Python wrapper runs only when it is traced: the error cannot wait for it.
+    class FailsOnce(hooks.Backend):
+        failed = False
+
+        def write(self, run, table):
+            if not self.failed:
+                self.failed = True
+                raise OSError("quota exceeded")
+
+    memory = MemoryBackend()
+    logger = Logger([FailsOnce(), memory])
+    state = logger.init()
+
+    def train_step(w, i):
+        lox.log({"loss": w * w}, step=i)
+        return w * 0.5
+
+    step = jax.jit(lambda w, i: logger.spool(train_step, state)(w, i))
+    w, i = jnp.float32(1.0), 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deadline = time.monotonic() + 30
+        while not caught and time.monotonic() < deadline:
+            w, i = step(w, i), i + 1  # training goes on, compiled: no Python-side logger call
+            time.sleep(0.05)
+    assert [str(c.message) for c in caught] == [
+        "lox: backend FailsOnce failed: OSError('quota exceeded'). The other backends keep their data; this error "
+        "is raised by the logger's next call or `finish`."
+    ]
+    with pytest.raises(BackendError, match=r"FailsOnce: OSError\('quota exceeded'\)"):
+        logger.log(state, event(9, loss=0.0))  # the next Python-side call
+    logger.finish(state)
+    assert memory.logs()["loss"].size == i  # the other backend had every batch
 
 
 def test_rows_are_ordered_by_step_and_a_backwards_step_warns_once():
