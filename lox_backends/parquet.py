@@ -66,6 +66,7 @@ from lox_backends.store import (
     runs,
 )
 from lox_core import schema
+from lox_core.arrow import scalars_only
 
 __all__ = [
     "ParquetBackend", "LogListener", "write_table", "check_writable", "load", "runs", "DEFAULT_DIR", "TIME_METADATA",
@@ -277,7 +278,7 @@ class ParquetBackend(hooks.Backend):
         # the same each time it is sent.
         metadata = {**(table.schema.metadata or {}), TIME_METADATA: str(int(time.time() * 1000)).encode(),
                     RUNS_METADATA: json.dumps(rows).encode()}
-        if _scalars_only(table):
+        if scalars_only(table):
             metadata[SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
         table = table.replace_schema_metadata(metadata)
         name = batch_file_name(group.next_seq, secrets.token_hex(4))
@@ -343,12 +344,6 @@ def write_table(table: pa.Table, where: str | pa.NativeFile, compression: str = 
         use_dictionary=["run", "key", "dtype"],  # pyright: ignore[reportArgumentType]
         write_statistics=["run", "key", *schema.step_names(table), "value"],  # pyright: ignore[reportArgumentType]
     )
-
-
-def _scalars_only(table: pa.Table) -> bool:
-    """Whether every row holds a scalar in its value column (no shape, no data)."""
-    return (table.column("value").null_count == 0 and table.column("data").null_count == table.num_rows
-            and all(len(chunk.flatten()) == 0 for chunk in table.column("shape").chunks))
 
 
 class _Uploads:

@@ -523,6 +523,13 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
     return out
 
 
+def scalars_only(table: pa.Table) -> bool:
+    """Whether every row holds a scalar in its value column: no dimension in
+    ``shape``, nothing in ``data``."""
+    return (table.column("value").null_count == 0 and table.column("data").null_count == table.num_rows
+            and not any(len(chunk.flatten()) for chunk in table.column("shape").chunks))
+
+
 class StepRows:
     """The rows of a table in the form lox writes most, read without a sort:
     scalars only, no nulls, and rows in groups of P (one step of one run) that
@@ -546,12 +553,10 @@ class StepRows:
     def of(table: pa.Table) -> StepRows | None:
         header = _Header(table)
         rows = table.num_rows
-        if rows == 0 or table.column("value").null_count or table.column("data").null_count != rows:
+        if rows == 0 or not scalars_only(table):
             return None
         if table.column("key").null_count or any(table.column(n).null_count for n in header.step_names):
             return None
-        if any(len(chunk.flatten()) for chunk in table.column("shape").chunks):
-            return None  # an event with a dimension
         key_codes, key_names = _codes(table.column("key"))
         again = np.flatnonzero(key_codes[1 : len(key_names) + 1] == key_codes[0])
         width = int(again[0]) + 1 if len(again) else len(key_names)
