@@ -29,6 +29,8 @@ from typing import Any, Callable
 import pluggy
 import pyarrow as pa
 
+from lox_backends.config import Option, check_options
+
 PROJECT = "lox"  # the pluggy project name and the entry-point group
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -73,14 +75,11 @@ class Backend:
         _adapt_old_methods(cls)
 
     def check_options(self, backend: str, known: dict[str, str], example: str) -> None:
-        """Refuse options this backend does not have: `known` maps each option to
-        what it does; `example` is a config string that uses them."""
-        unknown = sorted(set(self.options) - set(known))
-        if unknown:
-            listed = "; ".join(f"{name} ({what})" for name, what in known.items()) or "none"
-            raise ValueError(
-                f"the {backend} backend has no option {unknown[0]!r}; its options are: {listed}. E.g. {example!r}."
-            )
+        """Refuse options this backend does not have (with the close name, for a
+        typo): `known` maps each option to what it does; `example` is a config
+        string that uses them. For typed, range-checked options, see
+        `lox_backends.config.check_options`, which the built-in backends use."""
+        check_options(backend, self.options, {name: Option(what) for name, what in known.items()}, example)
 
     def attach(self, backends: list[Backend]) -> None:
         """Called once, in the user's thread, when a Logger takes this backend,

@@ -266,3 +266,17 @@ def test_a_subclass_of_a_builtin_backend_written_for_write_batch_still_writes(tm
 def state_run_id(logger):
     (run,) = logger.runs()
     return run.run_id
+
+
+def test_a_plugins_check_options_refuses_unknown_options_naming_the_close_one():
+    class Mine(hooks.Backend):
+        def __init__(self, target=None, options=None):
+            super().__init__(target, options)
+            self.check_options("mine", {"every": "write every n-th batch"}, "mine:runs?every=10")
+
+    Mine("runs", {"every": "10"})
+    with pytest.raises(ValueError, match=r"^the mine backend has no option 'evry'; did you mean 'every'\? Its options "
+                                         r"are: every \(write every n-th batch\)\. E\.g\. 'mine:runs\?every=10'\.$"):
+        Mine("runs", {"evry": "10"})
+    with pytest.raises(ValueError, match=r"^the mine backend has no option 'colour'; its options are: every "):
+        Mine("runs", {"colour": "red"})
