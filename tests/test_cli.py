@@ -94,11 +94,16 @@ def test_bare_lox_prints_help(capsys):
         assert f"\n    {command} " in out
 
 
-def test_demo_help_describes_the_demo_and_its_defaults(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps at the terminal's width
-    status, out, _ = cli(capsys, "demo", "--help")
-    text = " ".join(out.split())
+def help_text(capsys, monkeypatch, command: str) -> str:
+    """`lox COMMAND --help`, its whitespace collapsed (argparse wraps at the terminal's width)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    status, out, _ = cli(capsys, command, "--help")
     assert status == 0
+    return " ".join(out.split())
+
+
+def test_demo_help_describes_the_demo_and_its_defaults(capsys, monkeypatch):
+    text = help_text(capsys, monkeypatch, "demo")
     assert "Train a two-layer network on y = sin(3x) with minibatch SGD, one run per seed" in text
     assert "--dir DIR where the runs are saved (default: lox-runs)" in text
     assert "--seeds SEEDS how many seeds (runs) are trained side by side (default: 4)" in text
@@ -107,10 +112,7 @@ def test_demo_help_describes_the_demo_and_its_defaults(capsys, monkeypatch):
 
 
 def test_plot_help_says_the_defaults(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    status, out, _ = cli(capsys, "plot", "--help")
-    text = " ".join(out.split())
-    assert status == 0
+    text = help_text(capsys, monkeypatch, "plot")
     assert "--key KEY the key to plot (default: loss)" in text
     assert "--step STEP the step name on the x axis (default: step;" in text
     assert "--run RUN plot only this run: its name, GROUP/NAME or run id (repeat for several)" in text
