@@ -211,8 +211,8 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     empty series, describes that file only); with `groups`, its group's shared files
     as converted once for all the runs being loaded."""
     parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=groups is None)]
-    if groups is not None and info.get("batches"):  # `folder` lies in the folder of runs being loaded
-        group = storage.join(storage.parent(folder), info["batches"])
+    group = _batches_folder(folder, info)
+    if groups is not None and group is not None:
         parts += groups.parts(group, info.get("run_id", storage.basename(folder)))
     return parts[0] if len(parts) == 1 else concat(parts) if parts else logdict()
 
