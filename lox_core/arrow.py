@@ -489,7 +489,7 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
     header = _Header(table)
     if table.num_rows == 0:
         return {}
-    by_step = StepRows.of(table)
+    by_step = StepRows.of(table, header)
     joined = StepRows.join([by_step]) if by_step is not None else None
     if joined is not None:
         return joined
@@ -550,8 +550,8 @@ class StepRows:
         self.values, self.steps = values, steps  # per key: its events, in table order
 
     @staticmethod
-    def of(table: pa.Table) -> StepRows | None:
-        header = _Header(table)
+    def of(table: pa.Table, header: _Header | None = None) -> StepRows | None:
+        header = _Header(table) if header is None else header
         rows = table.num_rows
         if rows == 0 or not scalars_only(table):
             return None
