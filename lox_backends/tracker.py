@@ -49,6 +49,7 @@ from lox_backends.shutdown import flush_before_exit_handlers
 from lox_backends.store import DEFAULT_DIR, TIME_METADATA, BatchFile, batch_file, locate, read_run_json, run_files
 from lox_backends.worker import Worker
 from lox_core import schema
+from lox_core.arrow import dictionary_codes
 from lox_core.logdict import NO_STEP
 
 COMMON_OPTIONS = {
@@ -595,24 +596,10 @@ def scalars(table: pa.Table) -> Scalars:
                 keep[i] = False
     names = schema.step_names(table)
     steps = {n: rows.column(n).fill_null(NO_STEP).to_numpy(zero_copy_only=False).astype(np.int64)[keep] for n in names}
-    codes, key_names = _codes(rows.column("key"))
+    codes, key_names = dictionary_codes(rows.column("key"))
     codes = codes[keep]
     keys = np.asarray(key_names, object)[codes] if key_names else np.empty(0, object)
     return Scalars(keys, values[keep], steps, schema.primary_step(names), codes, key_names)
-
-
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """A string column as positions in a list of its distinct strings (no
-    Python string per row: lox's key column is a dictionary)."""
-    if not pa.types.is_dictionary(column.type):
-        column = column.dictionary_encode()
-    # One dictionary for all chunks: pyarrow's own unification.
-    chunks = pa.table({"k": column}).unify_dictionaries().column("k").chunks
-    if not chunks:
-        return np.empty(0, np.int64), []
-    names = chunks[0].dictionary.to_pylist()
-    codes = np.concatenate([chunk.indices.to_numpy(zero_copy_only=False) for chunk in chunks]).astype(np.int64)
-    return codes, names
 
 
 def arrays(table: pa.Table) -> pa.Table:

@@ -496,12 +496,12 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
     if table.column("run").null_count == table.num_rows:
         run_codes, run_names = np.zeros(table.num_rows, np.int64), [None]
     else:
-        run_codes, run_names = _codes(table.column("run"))
+        run_codes, run_names = dictionary_codes(table.column("run"))
         if (run_codes < 0).any():
             raise ValueError("the run column has nulls on some rows only; every row of a run names it.")
     if table.column("key").null_count:
         raise ValueError("the key column has nulls; every row of the lox Arrow schema names its key.")
-    key_codes, key_names = _codes(table.column("key"))
+    key_codes, key_names = dictionary_codes(table.column("key"))
     groups = run_codes * len(key_names) + key_codes
     order: np.ndarray | None = None
     if not bool(np.all(groups[1:] >= groups[:-1])):
@@ -557,17 +557,17 @@ class StepRows:
             return None
         if table.column("key").null_count or any(table.column(n).null_count for n in header.step_names):
             return None
-        key_codes, key_names = _codes(table.column("key"))
+        key_codes, key_names = dictionary_codes(table.column("key"))
         again = np.flatnonzero(key_codes[1 : len(key_names) + 1] == key_codes[0])
         width = int(again[0]) + 1 if len(again) else len(key_names)
         pattern = key_codes[:width]
         if rows % width or len(np.unique(pattern)) != width:
             return None
-        dtype_codes, dtype_names = _codes(table.column("dtype"))
+        dtype_codes, dtype_names = dictionary_codes(table.column("dtype"))
         if table.column("run").null_count == rows:
             run_codes, run_names = np.zeros(rows, np.int64), [None]
         else:
-            run_codes, run_names = _codes(table.column("run"))
+            run_codes, run_names = dictionary_codes(table.column("run"))
         if (dtype_codes[:width] < 0).any() or not (key_codes.reshape(-1, width) == pattern).all():
             return None
         if len(set(dtype_names)) > 1 and not (dtype_codes.reshape(-1, width) == dtype_codes[:width]).all():
@@ -702,7 +702,7 @@ def _json(meta: Mapping[str, str], name: str) -> dict:
     return json.loads(meta[name]) if name in meta else {}
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+def dictionary_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """Integer codes (-1 for null) and the names they index, for a string or dictionary column."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not pa.types.is_dictionary(array.type):
@@ -723,7 +723,7 @@ def _select_run(table: pa.Table, run: str | None) -> pa.Table:
     if table.column("run").null_count == table.num_rows:
         codes, names, runs = None, [], [None]
     else:
-        codes, names = _codes(table.column("run"))
+        codes, names = dictionary_codes(table.column("run"))
         present = np.flatnonzero(np.bincount(codes + 1, minlength=len(names) + 1)) - 1  # O(rows), no sort
         runs = [names[c] if c >= 0 else None for c in present]
     if run is None:
@@ -746,7 +746,7 @@ def _group_by_key(table: pa.Table):
     """Keys in order of first appearance, and where each one's rows lie once grouped."""
     if table.column("key").null_count:
         raise ValueError("the key column has nulls; every row of the lox Arrow schema names its key.")
-    codes, names = _codes(table.column("key"))
+    codes, names = dictionary_codes(table.column("key"))
     n = len(codes)
     if n == 0:
         return [], [], [], table
@@ -774,7 +774,7 @@ class _Columns:
 
     def __init__(self, table: pa.Table, step_names: list[str], order: np.ndarray | None = None):
         take = (lambda x: x) if order is None else (lambda x: x[order])  # noqa: E731
-        self.dtype_codes, self.dtype_names = _codes(table.column("dtype"))
+        self.dtype_codes, self.dtype_names = dictionary_codes(table.column("dtype"))
         self.dtype_codes = take(self.dtype_codes)
         shape = table.column("shape").combine_chunks()
         if shape.null_count:
