@@ -302,7 +302,8 @@ class ParquetBackend(hooks.Backend):
 
     def _write_run_json(self, state: _RunState) -> None:
         path = storage.join(state.folder, RUN_FILE)
-        text = json.dumps(_strict_json(state.info), indent=2, allow_nan=False, default=_json_default)
+        # NumPy and JAX values are plain JSON by then; anything else is shown as its str.
+        text = json.dumps(_strict_json(state.info), indent=2, allow_nan=False, default=str)
         if self._uploads is not None:  # in the background, after the run's previous one
             self._uploads.put(state.folder, path, (text + "\n").encode())
             return
@@ -427,13 +428,6 @@ def _lox_version() -> str | None:
         return importlib.metadata.version("jax-lox")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree: _run.json is still worth writing
         return None
-
-
-def _json_default(value):
-    # NumPy and JAX scalars and arrays in metadata become plain JSON values.
-    if hasattr(value, "tolist"):
-        return _strict_json(value.tolist())
-    return str(value)
 
 
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
