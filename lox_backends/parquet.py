@@ -43,6 +43,7 @@ import json
 import math
 import os
 import secrets
+import tempfile
 import time
 from typing import Any
 
@@ -449,25 +450,21 @@ def _strict_json(value: Any) -> Any:
 
 
 def check_writable(folder: str, what: str) -> None:
-    """Create the local `folder` (and its parents) and write and remove a hidden
-    file there; `ValueError` naming `what` (e.g. "the parquet backend's
-    folder"), the folder and why where that fails: refused when a backend is
-    created, rather than losing every batch later. Folders it had to create are
-    removed again (the backend makes them when it writes): a backend refused
-    later in its creation leaves nothing behind."""
-    created = []  # the folders made here, deepest last
+    """Check that the local `folder` can be made and written, by making and
+    removing a uniquely named hidden folder in the nearest part of its path that
+    exists; `ValueError` naming `what` (e.g. "the parquet backend's folder"),
+    the folder and why where that fails: refused when a backend is created,
+    rather than losing every batch later. The folder itself is neither made nor
+    removed (the backend makes it when it writes): a backend refused later in
+    its creation leaves nothing behind, and processes or threads checking the
+    same folder at once never remove one another's folders."""
     path = os.path.abspath(folder)
     while not os.path.lexists(path) and os.path.dirname(path) != path:
-        created.insert(0, path)
         path = os.path.dirname(path)
     try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".lox-write-check-{secrets.token_hex(4)}.tmp")
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-        for made in reversed(created):
-            os.rmdir(made)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        os.rmdir(tempfile.mkdtemp(prefix=".lox-write-check-", dir=path))
     except OSError as e:
         raise ValueError(
             f"{what} {folder!r} cannot be written: {_why_unwritable(folder, e)}. "

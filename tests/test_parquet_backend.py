@@ -1,6 +1,7 @@
 """The parquet backend: what it writes reads back equal, in order, from lox and from
 other Parquet readers, with concurrent writers and after a writer is killed."""
 
+import concurrent.futures
 import datetime
 import json
 import os
@@ -610,3 +611,16 @@ def test_old_and_new_runs_side_by_side_and_an_old_run_continued(tmp_path):
     assert_logs_equal(loaded["old-0"], concat([old_run(0), more]))  # its old files first, then the new
     assert_logs_equal(loaded["old-1"], old_run(1))
     assert_logs_equal(loaded["new-0"], new_logs)
+
+
+def test_loggers_made_at_once_on_one_new_folder_are_all_accepted(tmp_path):
+    # The processes of a job (or threads) create their loggers on one new folder at the same moment:
+    # the write check of one must never remove the folder another is checking or writing.
+    def make(folder):
+        lox.loggers.from_config(f"parquet:{folder}")
+
+    for attempt in range(20):
+        folder = tmp_path / f"attempt{attempt}" / "runs"
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(make, [folder] * 8))
+    assert sorted(os.listdir(tmp_path)) == []  # made when written, as before
