@@ -170,7 +170,7 @@ def _check_value(key: str, leaf):
         dtype = leaf.dtype
     elif isinstance(leaf, (bool, numbers.Number)):
         # Through NumPy, so a Python scalar gets a fixed (not weak) dtype.
-        return jnp.asarray(np.asarray(leaf))
+        return jnp.asarray(_fitting(f"key {key!r}", leaf))
     else:
         raise TypeError(
             f"`lox.log` got a {type(leaf).__name__} for key {key!r}; only numeric and boolean "
@@ -181,7 +181,32 @@ def _check_value(key: str, leaf):
             f"`lox.log` got an array of dtype {dtype} for key {key!r}; only numeric and boolean "
             "arrays can be logged."
         )
-    return leaf if isinstance(leaf, (jax.core.Tracer, jax.Array)) else jnp.asarray(leaf)
+    return leaf if isinstance(leaf, (jax.core.Tracer, jax.Array)) else jnp.asarray(_fitting(f"key {key!r}", leaf))
+
+
+def _fitting(what: str, value, dtype=None):
+    """`value` (on the host) as a NumPy array of `dtype` (by default JAX's for
+    it) if that holds it exactly; with 64-bit types off JAX would silently make
+    2**62 + 1 a 1 and 1e300 an inf: refused, naming `what` ("key 'x'")."""
+    value = np.asarray(value)
+    dtype = np.dtype(dtype or jax.dtypes.canonicalize_dtype(value.dtype))
+    if dtype == value.dtype:
+        return value
+    with np.errstate(over="ignore", invalid="ignore"):
+        held = value.astype(dtype)
+        if np.issubdtype(value.dtype, np.inexact):
+            lost = np.isfinite(value) & ~np.isfinite(held)  # precision is JAX's to lose; the magnitude is not
+        else:
+            lost = held.astype(value.dtype) != value
+    if not lost.any():
+        return held
+    bad, becomes = value[lost].flat[0].item(), held[lost].flat[0].item()  # the first value lost, as Python numbers
+    raise ValueError(
+        f"`lox.log` got {bad!r} ({value.dtype.name}) for {what}, which JAX holds as {dtype.name} while 64-bit "
+        f"types are off: it would be logged as {becomes!r}. Enable them with "
+        "`jax.config.update('jax_enable_x64', True)`, or log a value that fits (a float, or a smaller unit); "
+        "outside jit, `logger.log` writes a `lox.logdict` of NumPy arrays as it is."
+    )
 
 
 def _check_step(name: str, value):
@@ -198,7 +223,9 @@ def _check_step(name: str, value):
         raise ValueError(f"`lox.log` step {name!r} must be a scalar, got shape {tuple(shape)}.")
     if dtype == _step_dtype() and isinstance(value, (jax.core.Tracer, jax.Array)) and not _weak(value):
         return value
-    return jnp.asarray(value, dtype=_step_dtype())
+    if isinstance(value, (jax.core.Tracer, jax.Array)):
+        return jnp.asarray(value, dtype=_step_dtype())
+    return jnp.asarray(_fitting(f"step {name!r}", value, _step_dtype()))
 
 
 # --- rules -------------------------------------------------------------------------

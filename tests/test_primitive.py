@@ -113,3 +113,52 @@ def test_the_returned_event_can_be_used_under_every_transform():
         assert float(lox.nolog(f)(1.0)) == 7.0
     finally:
         lox.set_default("console")
+
+
+@pytest.mark.parametrize("value, becomes", [
+    (np.int64(2**62 + 1), "1"),                    # JAX would keep the low 32 bits
+    (np.uint64(2**64 - 1), "4294967295"),
+    (np.array([5, 2**40], np.int64), "0"),         # an array: the first value lost is named
+    (2**40, "0"),                                   # a Python int goes through int64
+    (np.float64(1e300), "inf"),                     # a finite float would become infinite
+])
+def test_a_value_that_64_bit_types_off_would_change_is_refused_naming_the_key(value, becomes):
+    def f(x):
+        lox.log({"seed": value}, step=1)
+        return x
+
+    for transform in (lox.spool, lambda f: jax.jit(lox.spool(f)), lambda f: lox.tap(f, lambda e: None)):
+        with pytest.raises(ValueError, match=rf"`lox.log` got .* for key 'seed', which JAX holds as (int|uint|float)32 "
+                                             rf"while 64-bit types are off: it would be logged as {becomes}\. Enable "
+                                             r"them with `jax.config.update\('jax_enable_x64', True\)`"):
+            transform(f)(1.0)
+
+
+def test_a_step_that_64_bit_types_off_would_change_is_refused_naming_it():
+    def f(x):
+        lox.log({"x": x}, step=np.int64(2**40 + 3))
+        return x
+
+    with pytest.raises(ValueError, match=r"got 1099511627779 \(int64\) for step 'step', .* it would be logged as 3\."):
+        lox.spool(f)(1.0)
+
+
+def test_values_that_fit_are_logged_exactly_and_with_64_bit_types_on_large_ones_too():
+    def f(x):
+        lox.log({"small": np.int64(-(2**31)), "u": np.uint64(7), "tenth": np.float64(0.1)}, step=np.int64(2**31 - 1))
+        return x
+
+    _, logs = lox.spool(f)(1.0)
+    assert [logs["small"].tolist(), logs["u"].tolist(), logs.step["small"].tolist()] == [[-(2**31)], [7], [2**31 - 1]]
+    assert logs["tenth"].tolist() == [np.float32(0.1)]  # float64 held as float32: the usual precision, not refused
+    jax.config.update("jax_enable_x64", True)
+    try:
+        def g(x):
+            lox.log({"big": np.int64(2**62 + 1), "u": np.uint64(2**64 - 1)}, step=2**40)
+            return x
+
+        _, logs = jax.jit(lox.spool(g))(1.0)
+        assert [logs["big"].tolist(), logs["u"].tolist(), logs.step["big"].tolist()] == [[2**62 + 1], [2**64 - 1],
+                                                                                          [2**40]]
+    finally:
+        jax.config.update("jax_enable_x64", False)
