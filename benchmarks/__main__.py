@@ -156,6 +156,9 @@ def _buffer(title, logged, by_hand, quick=False):
     def count_block(block):  # what a sink does at least: look at what it got
         received[0] += block["loss"].shape[0]
 
+    def count_event(event):  # the same, for one `lox.Event`
+        received[0] += "loss" in event
+
     def count_raw(*values):
         received[0] += 1
 
@@ -177,7 +180,7 @@ def _buffer(title, logged, by_hand, quick=False):
         "none": jax.jit(lox.nolog(logged)),
         "spool": lox.spool(logged),
         "raw": jax.jit(lambda xs: jax.core.eval_jaxpr(raw_jaxpr.jaxpr, raw_jaxpr.consts, xs)),
-        "tap": lox.tap(logged, count_block),
+        "tap": lox.tap(logged, count_event),
         "hand100": jax.jit(by_hand(count_hand_buffer, 100)),
     }
     sizes = (10, 100, 1000)

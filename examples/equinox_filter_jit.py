@@ -57,7 +57,7 @@ def main():
     tapped = lox.tap(step, events.append)  # every event to a callback, as it happens
     for i in range(STEPS, STEPS + 3):
         model, opt_state = tapped(model, opt_state, x, y, i)
-    print("tapped:", [(int(e.step["loss"][0]), round(float(e["loss"][0]), 5)) for e in events])
+    print("tapped:", [(e.step, round(float(e["loss"]), 5)) for e in events])
 
 
 if __name__ == "__main__":

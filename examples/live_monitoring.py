@@ -43,9 +43,8 @@ def train(w, lr):
 
 
 def progress(event):
-    """The tap's callback: one line per event (a one-event logdict)."""
-    step = int(next(iter(event.step.values()))[0])
-    print(f"step {step:4d}: " + ", ".join(f"{key} {float(value[0]):.5f}" for key, value in event.items()))
+    """The tap's callback: one line per event (a `lox.Event`: values as logged, steps as ints)."""
+    print(f"step {event.step:4d}: " + ", ".join(f"{key} {float(value):.5f}" for key, value in event.items()))
 
 
 def main():

@@ -41,8 +41,8 @@ def outer(x):
 
 def show(event):
     (key,) = event  # one key per event here
-    steps = " ".join(f"{name}={int(per_key[key][0])}" for name, per_key in event.steps.items())
-    print(f"  {key:7} {steps:16} {event[key][0]}")
+    steps = " ".join(f"{name}={step}" for name, step in event.steps.items())
+    print(f"  {key:7} {steps:16} {event[key]}")
 
 
 def main():

@@ -10,6 +10,7 @@ from lox import loggers as loggers
 from lox_backends.store import load as load
 from lox_core.console import set_default as set_default
 from lox_core.logdict import NO_STEP as NO_STEP
+from lox_core.logdict import Event as Event
 from lox_core.logdict import logdict as logdict
 from lox_core.nolog import nolog as nolog
 from lox_core.primitive import log as log
@@ -19,4 +20,4 @@ from lox_core.tap import tap as tap
 __version__ = "0.2.0"
 
 
-__all__ = ["log", "spool", "tap", "nolog", "logdict", "set_default", "NO_STEP", "loggers", "load"]
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load"]

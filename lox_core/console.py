@@ -67,3 +67,34 @@ def _format_value(value) -> str:
     if arr.ndim == 0:
         return f"{arr.item():.6g}" if arr.dtype.kind == "f" else str(arr.item())
     return np.array2string(arr, precision=6, threshold=20)
+
+
+def show(value) -> str:
+    """A value as `print(event)` and `print(logs)` show it: a pytree of NumPy
+    values, floats to 4 significant digits and large arrays abbreviated, as
+    NumPy prints them (``0.5``, ``1.0``, ``[0, 1, 2]``, ``{'w': [1.5, 2.0]}``)."""
+    if isinstance(value, str):  # already shown (a logdict's array with its dtype and shape)
+        return value
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(show(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return _scalar(arr.item())
+    text = np.array2string(arr, separator=", ", threshold=8, edgeitems=3, formatter={"all": _scalar})
+    return " ".join(text.split())  # one line: rows of a matrix too
+
+
+def _scalar(x) -> str:
+    if isinstance(x, str):  # a placeholder, such as `-` for a step an event did not carry
+        return x
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        text = f"{x:.4g}"
+        return text + ".0" if text.lstrip("-").isdigit() else text
+    if isinstance(x, complex):
+        return f"{_scalar(x.real)}{'+' if x.imag >= 0 else '-'}{_scalar(abs(x.imag))}j"
+    return repr(x)

@@ -4,15 +4,17 @@ A tapped program crosses to the host in three forms, each a host call with
 NumPy arrays (`batch_ndim` leading axes under `vmap`): one event (`event`),
 the logs of a chunk of scan iterations (`chunk`), and the buffers of a loop
 (`buffers`, see `lox_core.buffer`). A `Delivery` turns each into calls of the
-user's callback: one logdict per event or block and per vmap element, or for
-``batched=True`` one call per event with the batch, or, for the Logger's
-routed tap (`tap_with_context`), calls that carry each element's context.
+user's callback: one `Event` per event and one logdict per block, per vmap
+element, or for ``batched=True`` one call per event with the batch, or, for
+the Logger's routed tap (`tap_with_context`), calls that carry each
+element's context.
 Devices call back from threads of their own (shard_map): one callback runs at
 a time.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable, Iterator
 
@@ -20,12 +22,15 @@ import jax
 import numpy as np
 
 from lox_core import console
-from lox_core.logdict import NO_STEP, concat, event_count, logdict
+from lox_core.logdict import NO_STEP, Event, concat, event_count, logdict
 
 
-def print_event(event: logdict) -> None:
+def print_event(event: Event | logdict) -> None:
     """The default tap callback: one readable line per event (a buffered tap
     delivers several events of a key at once: one line each, key by key)."""
+    if isinstance(event, Event):
+        print(console.format_event(event, event.steps), flush=True)
+        return
     if all(event_count(v) == 1 for v in event.values()):
         values = {k: jax.tree_util.tree_map(lambda x: x[0], v) for k, v in event.items()}
         steps = {name: next(iter(per_key.values()))[0] for name, per_key in event.steps.items()}
@@ -38,8 +43,18 @@ def print_event(event: logdict) -> None:
             print(console.format_event(values, steps), flush=True)
 
 
-def _one_event(x):
-    return x[None]
+def _as_logged(x):
+    """A host call's operand as the event holds it: a NumPy scalar for a scalar."""
+    return x[()] if x.ndim == 0 else x
+
+
+def _as_block(callback: Callable, event: Event) -> None:
+    callback(event.to_logdict())
+
+
+def _step(s):
+    """An event's step: an int, or the steps of a `vmap` inside the tap (an array)."""
+    return int(s) if np.ndim(s) == 0 else s
 
 
 class Delivery:
@@ -50,9 +65,11 @@ class Delivery:
     returns the function its host call runs."""
 
     def __init__(self, callback: Callable, prefix: str = "", batched: bool = False, with_context: bool = False,
-                 block_callback: Callable | None = None):
+                 block_callback: Callable | None = None, blocks: bool = False):
         self.callback, self.prefix, self.batched = callback, prefix, batched
         self.with_context, self.block_callback = with_context, block_callback
+        # A callback that gets blocks (`buffer=K`) gets an event outside a loop as a one-event block too.
+        self.blocks = blocks
         self.lock = threading.Lock()
 
     def event(self, keys: list[str], names: list[str]) -> Callable:
@@ -62,6 +79,8 @@ class Delivery:
         call passes one value per key (`vals`) and one step per name (`stps`)."""
         callback, prefix, lock = self.callback, self.prefix, self.lock
         with_context, batched = self.with_context, self.batched
+        # Per event, an `Event`; to a callback that gets blocks (`buffer=K`), a one-event block.
+        per_event = functools.partial(_as_block, callback) if self.blocks else callback
 
         def deliver_unlocked(batch_ndim, taken, vals, stps, context):
             if batch_ndim == 0 and not (with_context or batched):
@@ -70,11 +89,11 @@ class Delivery:
                 # batched goes out while any element runs.)
                 if taken is None or np.any(taken):
                     data = {
-                        prefix + k: v[None] if isinstance(v, np.ndarray) else jax.tree_util.tree_map(_one_event, v)
+                        prefix + k: _as_logged(v) if isinstance(v, np.ndarray)
+                        else jax.tree_util.tree_map(_as_logged, v)
                         for k, v in zip(keys, vals, strict=True)
                     }
-                    per_name = {n: dict.fromkeys(data, s[None]) for n, s in zip(names, stps, strict=True)}
-                    callback(logdict._trusted(data, per_name))
+                    per_event(Event._trusted(data, {n: _step(s) for n, s in zip(names, stps, strict=True)}))
                 return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
@@ -103,10 +122,10 @@ class Delivery:
                     callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
                 return
             # Under vmap one host call carries the whole batch, delivered as one
-            # event per element: views with the event axis, sliced per element.
+            # event per element: views (NumPy scalars for scalars) sliced per element.
             flat = [jax.tree_util.tree_flatten(v) for v in vals]
-            leaves = [[np.expand_dims(x, batch_ndim) for x in leaves] for leaves, _ in flat]
-            steps_e = [np.expand_dims(s, batch_ndim) for s in stps]
+            leaves = [leaves for leaves, _ in flat]
+            steps_e = [np.asarray(s) for s in stps]
             names_p = [prefix + k for k in keys]
             single = [tree.num_leaves == 1 and tree.num_nodes == 1 for _, tree in flat]
             indices = range(batch_shape[0]) if batch_ndim == 1 else list(np.ndindex(batch_shape))
@@ -117,8 +136,7 @@ class Delivery:
                         name: ls[0][index] if one else jax.tree_util.tree_unflatten(tree, [x[index] for x in ls])
                         for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat, strict=True)
                     }
-                    per_name = {n: dict.fromkeys(data, s[index]) for n, s in zip(names, steps_e, strict=True)}
-                    callback(logdict._trusted(data, per_name))
+                    per_event(Event._trusted(data, {n: _step(s[index]) for n, s in zip(names, steps_e, strict=True)}))
 
         def deliver(*args):
             with lock:

@@ -1,14 +1,18 @@
-"""`logdict`: logged series with their step metadata."""
+"""`logdict`: logged series with their step metadata; `Event`: one event of
+them on the host, with the values as they were logged."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Self
 
 import jax
+import jax.core
 import jax.export
 import jax.numpy as jnp
 import numpy as np
+
+from lox_core import console
 
 if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are made
     import pyarrow as pa
@@ -283,6 +287,42 @@ class logdict(dict[str, Any]):
         steps = {name: {k: s[-1:] for k, s in per_key.items()} for name, per_key in self._steps.items()}
         return self._like(data, steps)._recounted()
 
+    # --- events ------------------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        """The events this logdict holds, as NumPy `lox.Event`\\ s: the values in
+        the shape they were logged with and the steps as ints, as a per-event
+        `lox.tap` callback gets them. A block of a buffered tap
+        (``buffer=K``), spooled logs and loaded runs split alike, so a callback
+        written for single events serves blocks too:
+        ``lox.tap(f, lambda block: [callback(e) for e in block.events()], buffer=K)``.
+
+        Keys with the same number of events at the same steps (the keys of one
+        `lox.log` call) come together in one event; each key's events keep
+        their order, and the keys of different calls come one call after the
+        other. Padding (``max_events``) is left out; a step an event did not
+        carry (:data:`lox.NO_STEP`) is not among its steps.
+
+        >>> import numpy as np, lox
+        >>> logs = lox.logdict({"loss": np.array([0.5, 0.25]), "acc": np.array([0.75, 1.0])},
+        ...                    steps={"step": {"loss": np.array([0, 1]), "acc": np.array([0, 1])}})
+        >>> list(logs.events())
+        [Event({'loss': 0.5, 'acc': 0.75}, step=0), Event({'loss': 0.25, 'acc': 1.0}, step=1)]
+        """
+        logs = self._trimmed("logdict.events") if self._valid else self
+        host = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in logs.items()}  # in the logdict's key order
+        steps = {name: {k: np.asarray(s) for k, s in per_key.items()} for name, per_key in logs._steps.items()}
+        calls: dict[tuple, list[str]] = {}  # keys with the same events and steps, as one call logs them
+        for key, value in host.items():
+            own = [(name, per_key[key]) for name, per_key in steps.items() if key in per_key]
+            signature = (event_count(value), tuple(name for name, _ in own), tuple(s.tobytes() for _, s in own))
+            calls.setdefault(signature, []).append(key)
+        for (count, names, _), keys in calls.items():
+            for i in range(count):
+                data = {k: jax.tree_util.tree_map(lambda x, i=i: x[i], host[k]) for k in keys}
+                at = {name: steps[name][keys[0]][i] for name in names}
+                yield Event._trusted(data, {n: int(s) if s.ndim == 0 else s for n, s in at.items()
+                                            if s.ndim or s != NO_STEP})
+
     # --- Arrow -------------------------------------------------------------------------
     def to_arrow(self, run: str | None = None) -> pa.Table:
         """One `pyarrow.Table`, one row per event of a key (schema in `lox_core.arrow`).
@@ -317,14 +357,22 @@ class logdict(dict[str, Any]):
 
     # --- display ---------------------------------------------------------------------
     def __repr__(self) -> str:
+        """Each key's dtype and shape, and for concrete logs (not while traced)
+        its values and steps, rounded and abbreviated as `print(event)` shows them."""
         if not self:
             return "logdict({})"
         lines = []
         for key, value in self.items():
-            shapes = jax.tree_util.tree_map(_describe, value)
             names = self.step_names(key)
             padded = "  padded" if key in self._valid else ""
-            lines.append(f"  {key!r}: {shapes}" + (f"  steps: {', '.join(names)}" if names else "") + padded)
+            if _concrete(value, self._valid.get(key), *(self._steps[name][key] for name in names)):
+                shown = console.show(jax.tree_util.tree_map(_Shown.of, value))
+                steps = "".join(f"  {name}={_show_steps(self._steps[name][key])}" for name in names)
+                valid = f"  valid={console.show(self._valid[key])}" if key in self._valid else ""
+                lines.append(f"  {key!r}: {shown}{steps}{valid}")
+            else:
+                shapes = jax.tree_util.tree_map(_describe, value)
+                lines.append(f"  {key!r}: {shapes}" + (f"  steps: {', '.join(names)}" if names else "") + padded)
         return "logdict({\n" + ",\n".join(lines) + "\n})"
 
     __str__ = __repr__
@@ -395,12 +443,102 @@ def _identity(dtype, mode: str):
     return np.inf if mode == "min" else -np.inf
 
 
+def _concrete(*trees) -> bool:
+    """Whether the arrays can be shown: not traced, and all on this process."""
+    return all(not isinstance(x, jax.core.Tracer) and getattr(x, "is_fully_addressable", True)
+               for x in jax.tree_util.tree_leaves(trees))
+
+
+def _show_steps(steps) -> str:
+    """Steps as `print(logs)` shows them: `-` where an event did not carry the step name."""
+    steps = np.asarray(steps)
+    return console.show(np.where(steps == NO_STEP, "-", steps.astype(object)) if (steps == NO_STEP).any() else steps)
+
+
+class _Shown(str):
+    """An array as `print(logs)` shows it: dtype, shape and values."""
+
+    @classmethod
+    def of(cls, x) -> "_Shown":
+        return cls(f"{_describe(x)} {console.show(x)}")
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _describe(x) -> str:
     dtype = getattr(x, "dtype", None)
     shape = getattr(x, "shape", None)
     if dtype is None or shape is None:
         return repr(x)
     return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+
+
+class Event(dict[str, Any]):
+    """One logged event: each key's value with the shape it was logged with
+    (NumPy arrays; a scalar is a NumPy scalar), and its steps by name as ints.
+
+    ``event.step`` (or any step name as an attribute) is the step the event
+    was logged at; ``event.steps`` holds them all. `to_logdict` gives the
+    event as a one-event `lox.logdict`, the form spooled logs take, so events
+    collected from a tap add up to what `lox.spool` returns.
+
+    >>> import numpy as np, lox
+    >>> event = lox.Event({"loss": np.float32(0.5)}, step=3)
+    >>> event
+    Event({'loss': 0.5}, step=3)
+    >>> float(event["loss"]), event.step, event.steps
+    (0.5, 3, {'step': 3})
+    >>> event.to_logdict()["loss"].shape
+    (1,)
+    """
+
+    __slots__ = ("steps",)
+    steps: dict[str, Any]
+
+    def __init__(self, data: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /, **steps: Any):
+        super().__init__(data)
+        self.steps = steps
+
+    @classmethod
+    def _trusted(cls, data: dict, steps: dict) -> Event:
+        """An event that takes `data` and `steps` as they are (the hot path of a tap)."""
+        event = cls.__new__(cls)
+        dict.update(event, data)
+        event.steps = steps
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        steps = object.__getattribute__(self, "steps")
+        if name in steps:
+            return steps[name]
+        raise AttributeError(
+            f"this event has no step named {name!r}; its steps are {sorted(steps)}. "
+            "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`"
+        )
+
+    def to_logdict(self) -> logdict:
+        """The event as a one-event `lox.logdict`: every value and step with a
+        leading event axis of 1."""
+        data = {k: jax.tree_util.tree_map(lambda x: np.asarray(x)[None], v) for k, v in self.items()}
+        steps = {name: dict.fromkeys(data, np.asarray(s)[None]) for name, s in self.steps.items()} if data else {}
+        return logdict._trusted(data, steps)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k!r}: {console.show(v)}" for k, v in self.items())
+        steps = "".join(f", {name}={console.show(s)}" for name, s in self.steps.items())
+        return f"Event({{{values}}}{steps})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Callable[..., Event], tuple[Any, ...]]:
+        return (_rebuild_event, (dict(self), self.steps))
+
+
+def _rebuild_event(data: dict, steps: dict) -> Event:
+    return Event._trusted(data, steps)
 
 
 class _Slicer:

@@ -50,7 +50,7 @@ class TapHandler(Handler):
         self.with_context = options.with_context
         self.buffer = options.buffer
         self.delivery = Delivery(options.callback, options.prefix, options.batched, options.with_context,
-                                 options.block_callback)
+                                 options.block_callback, blocks=options.buffer is not None)
         self.per_device_error = options.per_device_error
 
     def _check_placement(self) -> None:
@@ -257,18 +257,21 @@ def tap(
 ) -> Callable[..., Any]:
     """Return `fun` with every log delivered to ``callback(event)`` as it happens.
 
-    Each `lox.log` event becomes one call of `callback` with a one-event
-    :class:`lox.logdict` (the same convention as `spool`, so adding up all
-    tapped events gives the spooled logs), in execution order. The default
-    callback prints the event. `argnames`, `tags` and `prefix` work as in
-    `lox.spool`; unselected events stay in the function.
+    Each `lox.log` event becomes one call of `callback` with a
+    :class:`lox.Event`, in execution order: each key's value as NumPy, in the
+    shape it was logged with (a scalar as a NumPy scalar), and the steps as
+    ints (``event["loss"]``, ``event.step``). ``event.to_logdict()`` is the
+    one-event `lox.logdict` of the `spool` convention, so the events add up to
+    the spooled logs. The default callback prints the event. `argnames`,
+    `tags` and `prefix` work as in `lox.spool`; unselected events stay in the
+    function.
 
     Under `jax.vmap` (``jax.vmap(lox.tap(f, callback))``) one host call
     carries the event of every element, and `callback` is called once per
     element with that element's event. With ``batched=True`` it is called once
-    per event instead, as ``callback(event, took)``: the arrays of `event`
-    have the vmap axes in front of the event axis, and the boolean array
-    `took` (the vmap axes' shape; ``()`` outside vmap) says which elements
+    per event instead, as ``callback(event, took)``: `event` is a one-event
+    logdict whose arrays have the vmap axes in front of the event axis, and
+    the boolean array `took` (the vmap axes' shape; ``()`` outside vmap) says which elements
     logged it (inside a `cond` with a batched predicate, those that took the
     branch; the other elements' values are meaningless). That costs one
     callback per event however many elements there are.
@@ -279,9 +282,11 @@ def tap(
     the loop ends: `callback` then gets those events at once, one logdict
     holding each key's events in program order with their steps (under
     `jax.vmap(lox.tap(...))`, one per element, in the same call). Events
-    outside loops are delivered one by one as without `buffer`. Nothing is
-    lost or delivered twice: concatenating what `callback` received gives the
-    events an unbuffered tap delivers. A scan that logs the same events in
+    outside loops are delivered one by one, each as a one-event logdict. A
+    callback written for single events serves blocks through
+    `logdict.events`: ``lambda block: [callback(e) for e in block.events()]``.
+    Nothing is lost or delivered twice: concatenating what `callback`
+    received gives the events an unbuffered tap delivers. A scan that logs the same events in
     every iteration runs in chunks whose logs leave as `spool`'s do, so it
     costs what spooling costs plus one host call per chunk; other loops carry
     the buffer and test after each iteration whether it is full. In a
@@ -310,8 +315,10 @@ def tap(
     ...     return jax.lax.scan(step, 0, xs)[0]
     >>> events = []
     >>> out = lox.tap(f, events.append)(jnp.arange(3))
-    >>> [e["c"].tolist() for e in events]
-    [[0], [1], [3]]
+    >>> events
+    [Event({'c': 0}, step=0), Event({'c': 1}, step=1), Event({'c': 3}, step=2)]
+    >>> int(events[-1]["c"]), events[-1].step
+    (3, 2)
     >>> batches = []
     >>> out = jax.vmap(lox.tap(f, lambda event, took: batches.append(event), batched=True))(jnp.ones((2, 3), int))
     >>> [b["c"].tolist() for b in batches]

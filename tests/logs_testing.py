@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lox
+from lox_core.logdict import concat
 
 
 def event(step, **values):
@@ -20,6 +21,12 @@ def event(step, **values):
         {k: np.asarray([v]) for k, v in values.items()},
         steps={"step": {k: np.array([step]) for k in values}},
     )
+
+
+def tapped(received):
+    """What a tap's callback received (`lox.Event`s, one at a time, or blocks
+    of events), concatenated as one logdict, in the order received."""
+    return concat([r.to_logdict() if isinstance(r, lox.Event) else r for r in received])
 
 
 def assert_logs_equal(got, want, *, rtol: float = 0.0, ordered: bool = True, dtypes: bool = True):

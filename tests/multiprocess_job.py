@@ -59,7 +59,7 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
         steps = {"step": {"batch": jnp.array([3]), "w": jnp.array([3])}}
         logger.log(first, lox.logdict({"batch": batch[None], "w": ws[0][None]}, steps))
         seen = []
-        summed = lox.tap(lambda x: lox.log({"sum": jnp.sum(x)}, step=7), lambda e: seen.append(float(e["sum"][0])))
+        summed = lox.tap(lambda x: lox.log({"sum": jnp.sum(x)}, step=7), lambda e: seen.append(float(e["sum"])))
         jax.jit(summed)(batch)
         jax.effects_barrier()
         report["tapped"] = seen

@@ -112,7 +112,7 @@ def test_tapped_unlogged_and_logged_equinox_steps_train_as_filter_jit_does(form)
     logger.finish(run)
     assert_same_arrays((model, opt_state), (want_model, want_opt_state))
     if form == "lox.tap":
-        got = [{"loss": float(e["loss"][0]), "grad_norm": float(e["grad_norm"][0])} for e in events]
+        got = [{"loss": float(e["loss"]), "grad_norm": float(e["grad_norm"])} for e in events]
         assert_same_values(got, want_values)
     elif form.startswith("logger"):
         written = logger.backends[0].logs()

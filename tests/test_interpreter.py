@@ -21,11 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import DEVICES
-from logs_testing import assert_logs_equal, logs_of_events
+from logs_testing import assert_logs_equal, logs_of_events, tapped
 
 import lox
 from lox_core import _compat, interpreter, segments
-from lox_core.logdict import concat
 
 
 @dataclasses.dataclass
@@ -181,7 +180,7 @@ def test_tap_delivers_the_events_by_hand_in_order(name, buffer):
     out = lox.tap(case.fun, events.append, buffer=buffer)(jnp.asarray(X))
     np.testing.assert_allclose(out, case.out(X), rtol=1e-6)
     want = logs_of_events(case.events(X))
-    got = concat(events)
+    got = tapped(events)
     if name == "shard_map":  # one event per device, from devices' threads: in any order across devices
         order = np.argsort(np.asarray(got["part"]))
         got = got.map_series(lambda a: a[order])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from logs_testing import assert_logs_equal
 
 import lox
 from lox_core.logdict import concat
@@ -104,12 +105,34 @@ def test_errors_name_the_problem():
         _ = a.episode
 
 
-def test_repr_shows_keys_shapes_and_step_names():
-    logs = lox.logdict(
-        {"loss": jnp.zeros(10), "w": {"k": jnp.zeros((10, 3), jnp.int32)}}, {"step": {"loss": jnp.arange(10)}}
-    )
-    assert repr(logs) == "logdict({\n  'loss': float32[10]  steps: step,\n  'w': {'k': 'int32[10,3]'}\n})"
+def test_repr_shows_keys_shapes_and_step_names_while_traced():
+    shown = []
+
+    def f(x):
+        logs = lox.logdict({"loss": x, "w": {"k": jnp.zeros((10, 3), jnp.int32) + x[:, None].astype(int)}},
+                           {"step": {"loss": jnp.arange(10)}})
+        shown.append(repr(logs))
+        return x
+
+    jax.jit(f)(jnp.zeros(10))
+    assert shown == ["logdict({\n  'loss': float32[10]  steps: step,\n  'w': {'k': 'int32[10,3]'}\n})"]
     assert repr(lox.logdict()) == "logdict({})"
+
+
+def test_repr_of_concrete_logs_shows_their_values_and_steps_rounded_and_abbreviated():
+    logs = lox.logdict(
+        {"loss": jnp.arange(10.0) / 3, "w": {"k": np.arange(6, dtype=np.int32).reshape(3, 2)},
+         "r": np.array([0.5, 0.0])},
+        {"step": {"loss": jnp.arange(10), "w": np.array([0, lox.NO_STEP, 2])}},
+        valid={"r": np.array([True, False])},
+    )
+    assert str(logs) == repr(logs) == (
+        "logdict({\n"
+        "  'loss': float32[10] [0.0, 0.3333, 0.6667, ..., 2.333, 2.667, 3.0]  step=[0, 1, 2, ..., 7, 8, 9],\n"
+        "  'w': {'k': int32[3,2] [[0, 1], [2, 3], [4, 5]]}  step=[0, -, 2],\n"
+        "  'r': float64[2] [0.5, 0.0]  valid=[True, False]\n"
+        "})"
+    )
 
 
 def test_concat_of_nothing_is_empty():
@@ -122,3 +145,50 @@ def test_concat_ignores_a_step_of_a_key_the_part_does_not_hold():
     for logs in (lox.logdict() + stray, stray + other):
         assert list(logs) == ["a"] and "gone" not in logs.steps["step"]
     np.testing.assert_array_equal((stray + other).step["a"], [0, 1])
+
+
+def test_events_split_a_logdict_into_its_events_leaving_out_padding_and_missing_steps():
+    logs = lox.logdict(
+        {"loss": np.array([0.5, 0.25, 0.0]), "acc": np.array([0.75, 1.0, 0.0]), "w": np.arange(6.0).reshape(3, 2),
+         "note": np.array([7, 8])},
+        steps={"step": {"loss": np.array([0, 1, 2]), "acc": np.array([0, 1, 2]), "w": np.array([0, lox.NO_STEP, 2])},
+               "epoch": {"w": np.array([0, 0, 1])}},
+        valid={"loss": np.array([True, True, False]), "acc": np.array([True, True, False])},
+    )
+    events = list(logs.events())
+    got = [(list(e), {k: np.asarray(v).tolist() for k, v in e.items()}, e.steps) for e in events]
+    assert got == [
+        (["loss", "acc"], {"loss": 0.5, "acc": 0.75}, {"step": 0}),
+        (["loss", "acc"], {"loss": 0.25, "acc": 1.0}, {"step": 1}),  # the padded third event left out
+        (["w"], {"w": [0.0, 1.0]}, {"step": 0, "epoch": 0}),
+        (["w"], {"w": [2.0, 3.0]}, {"epoch": 0}),  # this event carried no `step`
+        (["w"], {"w": [4.0, 5.0]}, {"step": 2, "epoch": 1}),
+        (["note"], {"note": 7}, {}),
+        (["note"], {"note": 8}, {}),
+    ]
+    assert all(np.shape(e["w"]) == (2,) for e in events if "w" in e)
+
+
+def test_an_event_reads_like_the_values_it_holds_and_adds_up_as_a_logdict():
+    event = lox.Event({"loss": np.float32(0.25), "w": np.array([1.5, 2.0], np.float32), "n": np.int32(3)},
+                      step=4, epoch=1)
+    assert repr(event) == str(event) == "Event({'loss': 0.25, 'w': [1.5, 2.0], 'n': 3}, step=4, epoch=1)"
+    assert (event.step, event.epoch, event.steps) == (4, 1, {"step": 4, "epoch": 1})
+    message = r"this event has no step named 'stepp'; its steps are \['epoch', 'step'\]\. Pass steps to `lox.log` as"
+    with pytest.raises(AttributeError, match=message):
+        _ = event.stepp
+    again = pickle.loads(pickle.dumps(event))
+    assert repr(again) == repr(event) and again.steps == event.steps
+    logs = event.to_logdict() + lox.Event({"loss": np.float32(0.5)}, step=5).to_logdict()
+    want = lox.logdict({"loss": np.array([0.25, 0.5], np.float32), "w": np.array([[1.5, 2.0]], np.float32),
+                        "n": np.array([3], np.int32)},
+                       steps={"step": {"loss": np.array([4, 5]), "w": np.array([4]), "n": np.array([4])},
+                              "epoch": {"loss": np.array([1, lox.NO_STEP]), "w": np.array([1]), "n": np.array([1])}})
+    assert_logs_equal(logs, want, dtypes=False)
+
+
+def test_print_shows_values_rounded_and_large_arrays_abbreviated():
+    event = lox.Event({"x": np.float32(1.0), "tiny": np.float64(1.23456e-7), "big": np.arange(100.0),
+                       "tree": {"a": (np.int8(1), np.array([True, False]))}})
+    assert str(event) == ("Event({'x': 1.0, 'tiny': 1.235e-07, 'big': [0.0, 1.0, 2.0, ..., 97.0, 98.0, 99.0], "
+                          "'tree': {'a': (1, [True, False])}})")

@@ -70,7 +70,8 @@ def test_a_spooled_and_a_tapped_loop_agree():
     tapped_run = hooks.RunInfo("tapped", name="t", group="g")
     _, spooled = lox.spool(train)(jnp.ones(3))
     backend.write(spooled_run, to_arrow(spooled, run="spooled"))
-    jax.block_until_ready(lox.tap(train, lambda e: backend.write(tapped_run, to_arrow(e, run="tapped")))(jnp.ones(3)))
+    write = lambda e: backend.write(tapped_run, to_arrow(e.to_logdict(), run="tapped"))  # noqa: E731
+    jax.block_until_ready(lox.tap(train, write)(jnp.ones(3)))
     assert_logs_equal(backend.logs("spooled"), spooled)
     tapped = backend.logs("tapped")
     np.testing.assert_allclose(tapped["w"], spooled["w"], rtol=1e-6)

@@ -90,7 +90,8 @@ def test_a_spooled_and_a_tapped_training_loop_round_trip(tmp_path):
     assert_logs_equal(parquet.load(tmp_path / "spooled"), spooled)
 
     tap_backend, tap_run = open_run(tmp_path, "tapped")
-    jax.block_until_ready(lox.tap(train, lambda e: tap_backend.write(tap_run, to_arrow(e, run="tapped")))(jnp.ones(3)))
+    write = lambda e: tap_backend.write(tap_run, to_arrow(e.to_logdict(), run="tapped"))  # noqa: E731
+    jax.block_until_ready(lox.tap(train, write)(jnp.ones(3)))
     tap_backend.close_run(tap_run)
     tapped = parquet.load(tmp_path / "tapped")
     np.testing.assert_allclose(tapped["loss"], spooled["loss"], rtol=1e-6)
@@ -624,3 +625,4 @@ def test_loggers_made_at_once_on_one_new_folder_are_all_accepted(tmp_path):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(make, [folder] * 8))
     assert sorted(os.listdir(tmp_path)) == []  # made when written, as before
+

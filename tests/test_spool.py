@@ -340,12 +340,12 @@ def test_a_static_argument_is_static_however_it_is_passed_as_under_jit(static, c
     assert_series(logs, "x", [0.0, 2.0, 4.0], {"step": [0, 1, 2]})
     events = []
     assert call(lox.tap(_logs_n_times, events.append, **static), x) == 6.0
-    assert [e["x"].tolist() for e in events] == [[0.0], [2.0], [4.0]]
+    assert [e["x"].tolist() for e in events] == [0.0, 2.0, 4.0]
     events.clear()
     lowered = call(lox.tap(_logs_n_times, events.append, **static).lower, x)
     assert lowered.compile()(jnp.float32(1.0)) == 3.0
     jax.effects_barrier()
-    assert [e["x"].tolist() for e in events] == [[0.0], [1.0], [2.0]]
+    assert [e["x"].tolist() for e in events] == [0.0, 1.0, 2.0]
 
 def test_spool_inside_an_outer_jit_closing_over_tracers():
     @jax.jit

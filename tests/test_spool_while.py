@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from logs_testing import assert_logs_equal, logs_of_events
+from logs_testing import tapped as shared_tapped
 
 import lox
-from lox_core.logdict import concat
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def collatz_by_hand(n):
 def tapped(f, *args):
     events = []
     lox.tap(f, events.append)(*args)
-    return concat(events)
+    return shared_tapped(events)
 
 
 def test_a_while_loop_returns_its_events_padded_to_max_events():

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import lox
-from lox_core.logdict import concat
 
 
 def program(xs):
@@ -47,9 +46,12 @@ def test_events_arrive_in_order_and_add_up_to_the_spooled_logs():
     out = lox.tap(program, events.append)(xs)
     assert float(out) == 10.0
     assert len(events) == 1 + 2 * 4 + 1  # delivered before tap returned
-    assert all(len(e) == 1 and next(iter(e.values())).shape[0] == 1 for e in events if "pair" not in e)
-    assert [list(e)[0] for e in events[:3]] == ["start", "c", "c"]
-    assert_logs_equal(concat(events), program_by_hand(xs))
+    assert all(isinstance(e, lox.Event) for e in events)
+    # Each value in the shape it was logged with, each step an int.
+    assert [(list(e), np.shape(e[list(e)[0]]), e.steps) for e in events[:3]] == [
+        (["start"], (), {"step": 0}), (["c", "pair"], (), {"step": 1}), (["c"], (), {"step": 1, "phase": 1})]
+    assert events[1]["pair"]["b"].shape == (2,) and isinstance(events[1].step, int)
+    assert_logs_equal(shared.tapped(events), program_by_hand(xs))
     _, spooled = lox.spool(program)(xs)
     assert_logs_equal(spooled, program_by_hand(xs))
 
@@ -73,8 +75,8 @@ def test_tap_streams_events_from_a_while_loop():
 
     events = []
     assert int(lox.tap(f, events.append)(4)) == 4
-    assert [int(e["c"][0]) for e in events] == [0, 1, 2, 3]
-    assert [int(e.step["c"][0]) for e in events] == [0, 1, 2, 3]
+    assert [int(e["c"]) for e in events] == [0, 1, 2, 3]
+    assert [e.step for e in events] == [0, 1, 2, 3]
 
 
 def test_selection_and_prefix():
@@ -99,7 +101,7 @@ def test_vmap_of_tap_delivers_only_the_branch_each_element_took():
     events = []
     jax.vmap(lox.tap(f, events.append))(jnp.array([-1.0, 2.0, -3.0]))
     jax.effects_barrier()
-    assert sorted(float(e["v"][0]) for e in events) == [2.0, 100.0, 300.0]
+    assert sorted(float(e["v"]) for e in events) == [2.0, 100.0, 300.0]
 
 
 def test_vmap_of_tap_delivers_each_elements_events_from_one_host_call_per_event():
@@ -126,7 +128,7 @@ def test_vmap_of_tap_delivers_each_elements_events_from_one_host_call_per_event(
     # Each element's events, in order, are that element's events by hand.
     for i in (0, 17, 63):
         xs = jnp.stack([seeds, seeds + 1.0], axis=1)[i]
-        assert_logs_equal(concat(events[i::64]), program_by_hand(xs))
+        assert_logs_equal(shared.tapped(events[i::64]), program_by_hand(xs))
 
 
 def test_tap_of_vmap_of_cond_with_batched_predicate_raises():
@@ -145,7 +147,8 @@ def test_tap_of_vmap_delivers_one_batched_event_per_log():
     events = []
     lox.tap(jax.vmap(f), events.append)(jnp.arange(3.0))
     assert len(events) == 1
-    assert events[0]["x"].shape == (1, 3) and events[0].step["x"].tolist() == [[2, 2, 2]]
+    # The event of the whole batch: the values and steps as vmap logged them.
+    assert events[0]["x"].shape == (3,) and events[0].step.tolist() == [2, 2, 2]
 
 
 def sin_loss(w):
@@ -167,8 +170,8 @@ def test_tap_under_grad_fires_once_per_iteration_with_primal_values():
     g = jax.grad(lox.tap(loss, events.append))(0.7)
     jax.effects_barrier()
     np.testing.assert_allclose(g, jax.grad(lox.nolog(loss))(0.7), rtol=1e-6)
-    assert [int(e.step["c"][0]) for e in events] == [0, 1, 2, 3]
-    np.testing.assert_allclose([float(e["c"][0]) for e in events], by_hand(0.7), rtol=1e-6)
+    assert [e.step for e in events] == [0, 1, 2, 3]
+    np.testing.assert_allclose([float(e["c"]) for e in events], by_hand(0.7), rtol=1e-6)
 
 
 @pytest.mark.parametrize("buffer", [None, 3])
@@ -176,7 +179,7 @@ def test_tap_of_a_gradient_fires_once_per_forward_iteration(buffer):
     events = []
     g = lox.tap(jax.grad(sin_loss), events.append, buffer=buffer)(0.7)
     np.testing.assert_allclose(g, jax.grad(lox.nolog(sin_loss))(0.7), rtol=1e-6)
-    logs = concat(events)
+    logs = shared.tapped(events)
     np.testing.assert_array_equal(logs.step["c"], [0, 1, 2, 3])
     np.testing.assert_allclose(logs["c"], sin_series_by_hand(0.7), rtol=1e-6)
 
@@ -190,7 +193,7 @@ def test_tap_inside_an_outer_jit_delivers_after_an_effects_barrier():
 
     outer(1.0)
     jax.effects_barrier()
-    assert [float(e["x"][0]) for e in events] == [1.0]
+    assert [float(e["x"]) for e in events] == [1.0]
 
 
 def test_taps_called_in_one_traced_function_deliver_in_the_order_they_are_called():
@@ -258,9 +261,9 @@ def test_tapping_loops_and_branches_leaves_no_tracer_behind(buffer):
         out = lox.tap(f, blocks.append, buffer=buffer)(jnp.arange(4.0), 3)
         spooled, logs = lox.spool(f, max_events=5)(jnp.arange(4.0), 3)
     assert out == spooled
-    tapped = concat(blocks).filter(lambda key, _: key != "s")
-    assert_logs_equal(tapped, logs.filter(lambda key, _: key != "s"))
-    np.testing.assert_array_equal(concat(blocks)["s"], logs.trim()["s"])
+    tapped = shared.tapped(blocks)
+    assert_logs_equal(tapped.filter(lambda key, _: key != "s"), logs.filter(lambda key, _: key != "s"))
+    np.testing.assert_array_equal(tapped["s"], logs.trim()["s"])
 
 
 def test_a_tapped_function_lowers_and_traces_with_the_user_s_signature():
@@ -269,7 +272,7 @@ def test_a_tapped_function_lowers_and_traces_with_the_user_s_signature():
     compiled = tapped.lower(jnp.float32(1.0), 3).compile()
     assert compiled(jnp.float32(2.0)) == 5.0
     jax.effects_barrier()
-    assert [e["x"].tolist() for e in events] == [[6.0]]
+    assert [e["x"].tolist() for e in events] == [6.0]
     assert tapped.trace(jnp.float32(1.0), 3).out_info.shape == ()
 
 
@@ -295,7 +298,7 @@ def test_vmap_of_tap_of_a_while_loop_with_a_batched_predicate_delivers_only_runn
     out = jax.vmap(lox.tap(_doubling_while, events.append))(jnp.array([1.0, 10.0]), jnp.array([1, 3]))
     np.testing.assert_allclose(out, [2.0, 80.0])
     # Element 0 runs once, element 1 three times; JAX runs the body 3 times for both.
-    got = sorted((float(e["y"][0]), int(e.step["y"][0])) for e in events)
+    got = sorted((float(e["y"]), e.step) for e in events)
     assert got == [(1.0, 0), (10.0, 0), (20.0, 1), (40.0, 2)]
 
 
@@ -322,10 +325,10 @@ def test_batched_tap_under_vmap_is_one_callback_per_event_holding_every_element(
         for key in event:
             per_element_leaves = (jax.tree_util.tree_leaves(e[key]) for e in per_element)
             for leaves in zip(jax.tree_util.tree_leaves(event[key]), *per_element_leaves, strict=True):
-                np.testing.assert_array_equal(leaves[0], np.stack(leaves[1:]))
+                np.testing.assert_array_equal(leaves[0], np.stack(leaves[1:])[:, None])  # vmap axis, event axis
             for name in event.step_names(key):
                 np.testing.assert_array_equal(
-                    event.steps[name][key], np.stack([e.steps[name][key] for e in per_element])
+                    event.steps[name][key], np.stack([e.steps[name] for e in per_element])[:, None]
                 )
 
 
@@ -346,6 +349,71 @@ def test_batched_tap_without_vmap_and_its_errors():
     events = []
     lox.tap(program, lambda event, took: events.append((event, took)), batched=True)(jnp.arange(3.0))
     assert all(took.shape == () and took for _, took in events)
-    assert_logs_equal(concat([e for e, _ in events]), program_by_hand(np.arange(3.0)))
+    assert_logs_equal(shared.tapped([e for e, _ in events]), program_by_hand(np.arange(3.0)))
     with pytest.raises(TypeError, match=r"`lox.tap\(f, batched=True\)` needs a callback that takes \(event, took\)"):
         lox.tap(program, batched=True)
+
+
+def test_a_per_event_callback_gets_the_values_as_logged_and_prints_them(capsys):
+    # The seeds' quick start: a callback that prints each event, and one that reads plain numbers.
+    def f(xs):
+        lox.log({"xs": xs})
+
+        def step(carry, x):
+            carry += x
+            lox.log({"carry": carry}, step=x)
+            return carry, x
+
+        return jax.lax.scan(step, 0, xs)[0]
+
+    lox.tap(f, lambda event: print("Logging:", event))(jnp.arange(3))
+    assert capsys.readouterr().out.splitlines() == [
+        "Logging: Event({'xs': [0, 1, 2]})",
+        "Logging: Event({'carry': 0}, step=0)",
+        "Logging: Event({'carry': 1}, step=1)",
+        "Logging: Event({'carry': 3}, step=2)",
+    ]
+    seen = []
+    lox.tap(f, lambda event: seen.append((float(event.get("carry", -1)), event.steps)))(jnp.arange(3))
+    assert seen == [(-1.0, {}), (0.0, {"step": 0}), (1.0, {"step": 1}), (3.0, {"step": 2})]
+
+
+def test_a_per_event_callback_serves_a_buffered_tap_through_events():
+    def two_calls(xs):
+        lox.log({"start": xs.sum()})
+
+        def step(c, x):
+            c = c + x
+            lox.log({"loss": c, "acc": -c}, step=x.astype(int))
+            lox.log({"w": jnp.stack([c, x])}, step=x.astype(int), epoch=x.astype(int) // 2)
+            return c, None
+
+        c = jax.lax.scan(step, 0.0, xs)[0]
+        lox.log({"end": c})
+        return c
+
+    xs = jnp.arange(1.0, 8.0)
+    by_hand, c = [lox.Event({"start": np.float32(28.0)})], 0.0
+    for x in range(1, 8):
+        c += x
+        by_hand.append(lox.Event({"loss": np.float32(c), "acc": np.float32(-c)}, step=x))
+        by_hand.append(lox.Event({"w": np.array([c, x], np.float32)}, step=x, epoch=x // 2))
+    by_hand.append(lox.Event({"end": np.float32(c)}))
+
+    def same(got, want):
+        assert [(list(e), e.steps) for e in got] == [(list(e), e.steps) for e in want]
+        for g, w in zip(got, want, strict=True):
+            for key in w:
+                assert np.shape(g[key]) == np.shape(w[key]) and np.asarray(g[key]).dtype == np.asarray(w[key]).dtype
+                np.testing.assert_array_equal(g[key], w[key])
+
+    single = []
+    lox.tap(two_calls, single.append)(xs)
+    same(single, by_hand)
+    for buffer in (1, 3, 100):
+        split = []
+        lox.tap(two_calls, lambda block, split=split: split.extend(block.events()), buffer=buffer)(xs)
+        # Each call's events in program order; the calls of a block one after the other.
+        for keys in (["start"], ["loss", "acc"], ["w"], ["end"]):
+            same([e for e in split if list(e) == keys], [e for e in by_hand if list(e) == keys])
+        assert len(split) == len(by_hand)

@@ -4,10 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from logs_testing import assert_logs_equal, logs_of_events
+from logs_testing import assert_logs_equal, logs_of_events, tapped
 
 import lox
-from lox_core.logdict import concat
 
 
 @pytest.fixture(autouse=True)
@@ -100,10 +99,10 @@ def test_nested_loops_conds_and_checkpoint_deliver_the_events_in_program_order(s
     events, blocks = [], []
     lox.tap(program, events.append)(xs, 3)
     assert len(events) == 2 + 5 * (1 + 3 + 1 + 1)
-    assert_same_logs(concat(events), want)
+    assert_same_logs(tapped(events), want)
     out = lox.tap(program, blocks.append, buffer=size)(xs, 3)
     assert float(out) == 15.0
-    assert_same_logs(concat(blocks), want)
+    assert_same_logs(tapped(blocks), want)
     # Outside loops events go one by one, first and last.
     assert list(blocks[0]) == ["start"] and list(blocks[-1]) == ["end"]
     buffered = 5 * 6
@@ -123,7 +122,7 @@ def test_keys_logged_by_several_calls_keep_program_order():
 
     blocks = []
     lox.tap(f, blocks.append, buffer=4)(jnp.arange(3))
-    logs = concat(blocks)
+    logs = tapped(blocks)
     np.testing.assert_array_equal(logs["k"], [0, 0, 0, 1, 10, 100, 2, 20, 200])
     np.testing.assert_array_equal(logs.step["k"], [0, 0, lox.NO_STEP, 1, 1, lox.NO_STEP, 2, 2, lox.NO_STEP])
 
@@ -155,7 +154,7 @@ def test_under_vmap_each_element_gets_its_own_blocks():
     jax.vmap(lox.tap(running_sum, blocks.append, buffer=4))(xs)
     assert len(blocks) == 3 * 3  # three sends, one block per element each
     for e in range(3):
-        mine = concat(blocks[e::3])
+        mine = tapped(blocks[e::3])
         np.testing.assert_array_equal(mine["c"], np.cumsum(np.asarray(xs[e])))
         np.testing.assert_array_equal(mine.step["c"], np.asarray(xs[e]))
 
@@ -185,7 +184,7 @@ def test_under_vmap_elements_that_take_different_branches_get_their_own_events()
         assert len(mine) + sum(set(np.asarray(b["who"]).tolist()) == {1 - e} for b in blocks) == len(blocks)
         reference = []
         lox.tap(f, reference.append)(e, xs[e])
-        assert_same_logs(concat(mine), concat(reference))
+        assert_same_logs(tapped(mine), tapped(reference))
 
 
 def test_under_grad_events_fire_once_per_iteration_with_primal_values():
@@ -356,7 +355,7 @@ def test_vmap_of_a_buffered_while_loop_sends_each_element_s_events_once(size):
         if n:
             reference = []
             lox.tap(sums_to, reference.append)(e, n)
-            assert_same_logs(concat(mine), concat(reference))
+            assert_same_logs(tapped(mine), tapped(reference))
 
 
 @pytest.mark.parametrize("loop", ["scan", "while"])
@@ -386,7 +385,7 @@ def test_under_vmap_a_branch_an_element_did_not_take_sends_nothing(loop):
             continue
         reference = []
         lox.tap(f, reference.append)(e, n)
-        assert_same_logs(concat(mine), concat(reference))
+        assert_same_logs(tapped(mine), tapped(reference))
 
 
 def test_a_scan_of_length_zero_sends_nothing():
@@ -442,7 +441,7 @@ def test_conds_nested_in_a_branch_and_checkpoints_in_a_branch_lose_no_event(size
             events.append(({"r": i + 200}, {}))
     blocks = []
     lox.tap(f, blocks.append, buffer=size)(7)
-    assert_logs_equal(concat(blocks), logs_of_events(events), dtypes=False)
+    assert_logs_equal(tapped(blocks), logs_of_events(events), dtypes=False)
 
 
 def test_a_block_keeps_the_keys_in_the_order_they_are_logged():
@@ -457,4 +456,4 @@ def test_a_block_keeps_the_keys_in_the_order_they_are_logged():
     blocks = []
     lox.tap(f, blocks.append, buffer=3)(4)
     assert [list(b) for b in blocks] == [["a", "b", "c"]] * 2
-    np.testing.assert_array_equal(concat(blocks)["b"], [0, 0, 10, -1, 20, -2, 30, -3])
+    np.testing.assert_array_equal(tapped(blocks)["b"], [0, 0, 10, -1, 20, -2, 30, -3])
