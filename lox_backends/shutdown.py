@@ -20,6 +20,12 @@ class _Closable(Protocol):
 
 
 _live: weakref.WeakSet[_Closable] = weakref.WeakSet()
+_exiting = False
+
+
+def exiting() -> bool:
+    """Whether the interpreter is exiting (the exit flush runs)."""
+    return _exiting
 
 
 def register(logger: _Closable) -> None:
@@ -40,6 +46,8 @@ def flush_before_exit_handlers() -> None:
 
 
 def close_at_exit() -> None:
+    global _exiting
+    _exiting = True
     for logger in list(_live):
         try:
             logger.close()

@@ -34,18 +34,19 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 import warnings
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_backends import hooks, storage
+from lox_backends import hooks, shutdown, storage
 from lox_backends.config import BackendConfig, Option, check_options, mask_secrets, parse
 from lox_backends.parquet import LogListener, ParquetBackend, check_writable
 from lox_backends.registry import registry
-from lox_backends.shutdown import flush_before_exit_handlers
 from lox_backends.store import DEFAULT_DIR, TIME_METADATA, BatchFile, batch_file, locate, read_run_json, run_files
 from lox_backends.worker import Worker
 from lox_core import schema
@@ -57,6 +58,9 @@ COMMON_OPTIONS = {
 }
 RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
 RETRY_MAX = 30.0
+# A tracker call unanswered this long is warned about while it goes on: clients
+# retry internally (MLflow's for minutes), so a tracker down for good raises nothing for a long time.
+SLOW_CALL = 5.0
 
 
 class TrackerBackend(hooks.Backend):
@@ -108,6 +112,7 @@ class TrackerBackend(hooks.Backend):
         self._owns_log = True
         self._runs: dict[str, hooks.RunInfo] = {}
         self._sender = _Sender(self)
+        self._gave_up_at: int | None = None  # `_sender.sent` when a wait last timed out
 
     # --- what subclasses implement ---------------------------------------------------
     def destination(self) -> str:
@@ -137,7 +142,7 @@ class TrackerBackend(hooks.Backend):
         """Call after the tracker's client registered an exit handler (often
         when a run starts): lox's exit flush then runs first, and the client's
         handler finds its runs complete."""
-        flush_before_exit_handlers()
+        shutdown.flush_before_exit_handlers()
 
     # --- the local log ---------------------------------------------------------------
     @property
@@ -190,8 +195,13 @@ class TrackerBackend(hooks.Backend):
 
     def wait(self, timeout: float | None) -> None:
         """Wait (at most `timeout` seconds) until everything queued was sent;
-        warn about what was not, and how to send it later."""
+        warn about what was not, and how to send it later. At exit, after a
+        wait that timed out with nothing sent since (the tracker is down), it
+        neither waits nor warns again: `finish` did both already."""
+        if shutdown.exiting() and self._gave_up_at == self._sender.sent:
+            return
         if not self._sender.wait(timeout):
+            self._gave_up_at = self._sender.sent
             unsent = self._sender.unsent()
             error = self._sender.last_error
             warnings.warn(
@@ -414,9 +424,51 @@ class _Follower(LogListener):
         self._backend._sender.put(("shutdown", None, None))
 
 
+class _Watchdog:
+    """Calls `on_slow(label, seconds)` once for a call (`begin` ... `end`)
+    still running `after` seconds after it began, from a daemon thread of its
+    own that sleeps while no call runs."""
+
+    def __init__(self, name: str, after: float, on_slow: Callable[[str, float], None]):
+        self._after, self._on_slow = after, on_slow
+        self._condition = threading.Condition()
+        self._call: tuple[int, str, float] | None = None  # (number, label, when it began)
+        self._calls = 0
+        # Started now: Python refuses new threads while the interpreter exits.
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def begin(self, label: str) -> None:
+        with self._condition:
+            self._calls += 1
+            self._call = (self._calls, label, time.monotonic())
+            self._condition.notify_all()
+
+    def end(self) -> None:
+        with self._condition:
+            self._call = None
+            self._condition.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while self._call is None:
+                    self._condition.wait()
+                number, label, began = self._call
+                # Until this call ends, or has run `after` seconds.
+                while self._call is not None and self._call[0] == number and time.monotonic() < began + self._after:
+                    self._condition.wait(began + self._after - time.monotonic())
+                slow = self._call is not None and self._call[0] == number
+            if slow:
+                self._on_slow(label, self._after)
+                with self._condition:  # once per call
+                    while self._call is not None and self._call[0] == number:
+                        self._condition.wait()
+
+
 class _Sender:
     """Sends a tracker backend's items in order, in a `Worker` of its own,
-    retrying each with backoff until it succeeds (one warning per outage)."""
+    retrying each with backoff until it succeeds (one warning per outage:
+    when a call fails, or has gone unanswered for `SLOW_CALL` seconds)."""
 
     def __init__(self, backend: TrackerBackend):
         self._backend = backend
@@ -425,7 +477,22 @@ class _Sender:
         self._refused: set[str] = set()  # runs the tracker refused to open
         self.last_error: BaseException | None = None
         self._warned = False
+        self.sent = 0  # items handled: what a wait that timed out compares with later
         self._worker = Worker(f"lox-send-{backend.tracker}")
+        self._watchdog = _Watchdog(f"lox-watch-{backend.tracker}", SLOW_CALL, self._slow)
+
+    def _slow(self, label: str, seconds: float) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        backend = self._backend
+        last = f"; last error: {mask_secrets(str(self.last_error))}" if self.last_error is not None else ""
+        warnings.warn(
+            f"lox: {backend.spec()} has not answered for {seconds:g} s ({label}{last}). lox keeps trying in the "
+            f"background and training goes on; your logs are safe in {backend.local_root!r}.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def put(self, item: tuple) -> None:
         self._worker.submit(lambda: self._with_retries(item), label=item[0])
@@ -445,9 +512,11 @@ class _Sender:
         while True:
             if run is not None and run.run_id in self._refused:
                 return  # the tracker refused to open this run: warned once, the rest stays local
+            self._watchdog.begin(_describe(kind, run, where))
             try:
                 self._handle(*item)
             except Exception as error:  # noqa: BLE001 - retried when transient, else reported and skipped
+                self._watchdog.end()
                 backend = self._backend
                 if isinstance(error, Unsendable) or not backend.transient(error):
                     if run is None:  # the shutdown item
@@ -480,6 +549,8 @@ class _Sender:
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
             else:
+                self._watchdog.end()
+                self.sent += 1
                 if self._warned:
                     self._warned = False  # reachable again: warn again at the next outage
                 return
@@ -508,6 +579,15 @@ class _Sender:
                 backend._end(run, record, remote)
             record.unlock()
             del self._open[run.run_id]
+
+
+def _describe(kind: str, run: hooks.RunInfo | None, where: str | None) -> str:
+    """What a call to the tracker does, for messages."""
+    if run is None:
+        return "shutting down"
+    if kind == "file" and where is not None:
+        return f"sending {storage.basename(where)} of run {run.name!r}"
+    return f"{'opening' if kind == 'open' else 'closing'} run {run.name!r}"
 
 
 # --- reading batch tables -------------------------------------------------------------------

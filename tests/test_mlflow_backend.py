@@ -24,7 +24,7 @@ import lox
 from lox_backends import cli, hooks
 from lox_backends.logger import BackendError
 from lox_backends.parquet import ParquetBackend
-from lox_backends.tracker import SentRecord, SyncError, sync
+from lox_backends.tracker import SLOW_CALL, SentRecord, SyncError, sync
 from lox_core.arrow import from_arrow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -273,6 +273,51 @@ def test_killed_process_then_lox_sync_delivers_everything_once(own_server, tmp_p
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.stdout.splitlines()[-1] == f"sent 0 batch file(s), 0 row(s) to {spec}"
     assert len(history(client, run_id, "loss")) == 3 * STEPS_PER_EPOCH
+
+
+DOWN_FOR_GOOD = """
+import sys, time, warnings, jax, lox
+sys.path.insert(0, {tests!r})
+from test_mlflow_backend import train
+logger = lox.loggers.from_config({spec!r})
+state = logger.init(name="down")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    w = jax.jit(logger.spool(train, state))(1.0, 0)  # training goes on
+    deadline = time.monotonic() + 120
+    while not caught and time.monotonic() < deadline:
+        time.sleep(0.1)
+for warning in caught:
+    print("while training:", warning.message, flush=True)
+logger.finish(state, timeout=2)
+print("finished", flush=True)
+"""
+
+
+def test_a_tracker_down_for_good_is_said_within_seconds_and_waited_for_once(tmp_path):
+    # Nothing listens on the port, and the MLflow client retries as it does by default: its
+    # calls take minutes and raise nothing meanwhile.
+    spec = f"mlflow:http://127.0.0.1:{free_port()}?experiment=down"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", MLFLOW_DISABLE_TELEMETRY="true")
+    script = DOWN_FOR_GOOD.format(tests=str(REPO / "tests"), spec=spec)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout
+    # Said while training, before `finish`: no error reached lox, the call just hangs.
+    slow = f"while training: lox: {spec} has not answered for {SLOW_CALL:g} s (opening run 'down')."
+    assert [line for line in lines if line.startswith("while training:")] == [
+        slow + " lox keeps trying in the background and training goes on; your logs are safe in "
+        f"{str(tmp_path / 'lox-runs')!r}."
+    ], result.stdout
+    # `finish` waits its timeout and says how to send the rest later; exit neither waits nor says it again.
+    command = f"`lox sync {tmp_path / 'lox-runs'} --to '{spec}'`"
+    assert [line for line in lines if "were not sent within" in line] == [
+        line for line in lines if "were not sent within 2 s" in line and line.endswith(command + ".")
+    ], result.stdout
+    said = next(i for i, line in enumerate(lines) if command in line)
+    assert result.stdout.count(command) == 1 and said < lines.index("finished"), result.stdout
 
 
 def test_sync_resends_a_batch_without_duplicates(tmp_path, monkeypatch):
