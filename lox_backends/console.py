@@ -1,9 +1,12 @@
 """The ``console`` backend: the latest value of every key, per run.
 
 On a terminal it is a live `rich` table, redrawn at most a few times per
-second however fast logs arrive. Elsewhere (a file, CI) it prints plain lines,
-at most one per run every `interval` seconds (option ``?interval=SECONDS``,
-default 1) plus one when the run finishes, so a fast loop cannot flood the output.
+second however fast logs arrive, with each run's step rate and, given the
+run's number of steps (``?total=N``), its progress and time left. Elsewhere
+(a file, CI) it prints plain lines, at most one per run every `interval`
+seconds (option ``?interval=SECONDS``, default 1) plus one when the run
+finishes, so a fast loop cannot flood the output; with ``?every=N`` also one
+at every N-th step, however fast the run, so a short run shows its course too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from lox_core import console, schema
 
 OPTIONS = {
     "interval": Option("seconds between plain lines per run", "float", 1.0, minimum=0),
+    "every": Option("a plain line also at every step that is a multiple of this", "int", None, minimum=1),
+    "total": Option("the number of steps of a run, for its progress and time left on a terminal", "int", None,
+                    minimum=1),
     "plain": Option("plain lines even on a terminal (1), or a live table there (0)", "flag", False),
 }
 EXAMPLE = "console?interval=5"
@@ -31,12 +37,15 @@ class ConsoleBackend(hooks.Backend):
             raise ValueError(f"the console backend takes no target (got 'console:{target}'). E.g. {EXAMPLE!r}.")
         settings = check_options("console", self.options, OPTIONS, EXAMPLE)
         self.interval: float = settings["interval"]
+        self.every: int | None = settings["every"]
+        self.total: int | None = settings["total"]
         self.stream = sys.stdout
         self.live_table = self.stream.isatty() and not settings["plain"]
         self._latest: dict[str, dict] = {}  # run_id → {key: (value, {step name: step})}
         self._names: dict[str, str] = {}
         self._printed_at: dict[str, float] = {}
         self._unshown: dict[str, bool] = {}  # updated since last shown
+        self._progress: dict[str, tuple[float, int, float, int]] = {}  # run_id → first and latest (time, step)
         self._live = None
 
     # --- receiving -----------------------------------------------------------------
@@ -48,19 +57,29 @@ class ConsoleBackend(hooks.Backend):
         latest = self._latest.setdefault(run.run_id, {})
         if table.num_rows == 0:
             return
-        keys = table.column("key").to_numpy(zero_copy_only=False)
-        values = table.column("value").to_numpy(zero_copy_only=False)
-        is_scalar = table.column("value").is_valid().to_numpy(zero_copy_only=False)
-        step_columns = schema.step_names(table)
-        # The last row of each key (rows arrive ordered by step).
-        _, last_reversed = np.unique(keys[::-1], return_index=True)
-        for i in sorted(len(keys) - 1 - last_reversed):
-            steps = {n: table.column(n)[i].as_py() for n in step_columns}
-            shown = values[i] if is_scalar[i] else "[array]"
-            latest[str(keys[i])] = (shown, {n: v for n, v in steps.items() if v is not None})
+        primary = schema.primary_step(schema.step_names(table))
+        steps = None if primary is None else table.column(primary).to_numpy(zero_copy_only=False)
+        if steps is not None and steps.dtype.kind in "iu":  # no missing steps
+            self._advance(run.run_id, int(steps.max()))
+            if self.every and not self.live_table:  # a line at each N-th step the table holds, in order
+                start = 0
+                for end in _ends_of_multiples(steps, self.every):
+                    _update(latest, table.slice(start, end - start))
+                    self._show(run, force=True)
+                    start = end
+                table = table.slice(start)
+                if table.num_rows == 0:
+                    return
+        _update(latest, table)
         self._show(run)
 
+    def _advance(self, run_id: str, step: int) -> None:
+        now = time.monotonic()
+        first = self._progress.get(run_id)
+        self._progress[run_id] = (now, step, now, step) if first is None else (first[0], first[1], now, step)
+
     write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
+
 
     def close_run(self, run):
         if self._unshown.get(run.run_id):
@@ -98,12 +117,14 @@ class ConsoleBackend(hooks.Backend):
         step_names = list(
             dict.fromkeys(n for latest in self._latest.values() for _, steps in latest.values() for n in steps)
         )
-        for column in ["run", *step_names, *keys]:
+        progress = ["steps/s"] + (["progress"] if self.total else [])
+        for column in ["run", *step_names, *progress, *keys]:
             table.add_column(column)
         for run_id, latest in self._latest.items():
             newest = {n: max((steps[n] for _, steps in latest.values() if n in steps), default="") for n in step_names}
-            cells = [self._names.get(run_id, run_id), *[str(newest[n]) for n in step_names],
-                     *[_short(latest[k][0]) if k in latest else "" for k in keys]]
+            rate, left = _rate_and_left(self._progress[run_id], self.total) if run_id in self._progress else ("", "")
+            cells = [self._names.get(run_id, run_id), *[str(newest[n]) for n in step_names], rate,
+                     *([left] if self.total else []), *[_short(latest[k][0]) if k in latest else "" for k in keys]]
             table.add_row(*[Text(c) for c in cells])  # Text: "[array]" is not rich markup
         if self._live is None:
             from rich.console import Console
@@ -113,6 +134,48 @@ class ConsoleBackend(hooks.Backend):
             self._live.start()
         else:
             self._live.update(table)
+
+
+def _update(latest: dict, table) -> None:
+    """`latest` (key → (value, steps)) with the last row of each key of `table`."""
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    values = table.column("value").to_numpy(zero_copy_only=False)
+    is_scalar = table.column("value").is_valid().to_numpy(zero_copy_only=False)
+    step_columns = schema.step_names(table)
+    # The last row of each key (rows arrive ordered by step).
+    _, last_reversed = np.unique(keys[::-1], return_index=True)
+    for i in sorted(len(keys) - 1 - last_reversed):
+        steps = {n: table.column(n)[i].as_py() for n in step_columns}
+        shown = values[i] if is_scalar[i] else "[array]"
+        latest[str(keys[i])] = (shown, {n: v for n, v in steps.items() if v is not None})
+
+
+def _ends_of_multiples(steps: np.ndarray, every: int) -> list[int]:
+    """The row just after the last row of each step that is a multiple of
+    `every`, for `steps` in increasing order."""
+    at = np.flatnonzero(steps % every == 0)
+    if at.size == 0:
+        return []
+    last = at[np.append(steps[at][1:] != steps[at][:-1], True)]  # the last row of each such step
+    return (last + 1).tolist()
+
+
+def _rate_and_left(progress: tuple[float, int, float, int], total: int | None) -> tuple[str, str]:
+    """A run's steps per second and, when its `total` is known, its progress and time left."""
+    t0, s0, t, s = progress
+    rate = (s - s0) / (t - t0) if t > t0 and s > s0 else None
+    shown = "" if rate is None else f"{rate:,.0f}/s" if rate >= 10 else f"{rate:.2g}/s"
+    if total is None:
+        return shown, ""
+    done = min(s + 1, total) / total
+    left = "" if rate is None else f" {_duration(max(total - 1 - s, 0) / rate)} left"
+    return shown, f"{done:.0%}{left}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
 
 
 def plain_line(latest: dict) -> str:

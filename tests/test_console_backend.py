@@ -2,6 +2,7 @@
 
 import io
 import re
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 import lox
 from lox_backends import hooks
 from lox_backends.console import ConsoleBackend, plain_line
+from lox_core import schema
 from lox_core.arrow import to_arrow
 
 
@@ -88,7 +90,10 @@ def test_close_shows_throttled_values_of_unfinished_runs():
     ("console?plain=maybe", "the console backend's option plain='maybe' is refused: it must be 1, true, yes, on "
                             "or 0, false, no, off"),
     ("console?intervall=2", "the console backend has no option 'intervall'; did you mean 'interval'? Its options "
-                            "are: interval (seconds between plain lines per run: a number >= 0; default 1); plain "),
+                            "are: interval (seconds between plain lines per run: a number >= 0; default 1); every "
+                            "(a plain line also at every step that is a multiple of this: an integer >= 1); total "),
+    ("console?every=0", "the console backend's option every='0' is refused: it must be an integer >= 1"),
+    ("console?total=10.5", "the console backend's option total='10.5' is refused: it must be an integer >= 1"),
     ("console:out.txt", "the console backend takes no target (got 'console:out.txt'). E.g. 'console?interval=5'."),
 ])
 def test_bad_options_are_refused_when_the_logger_is_created(spec, message):
@@ -100,3 +105,41 @@ def test_options_are_typed():
     backend = ConsoleBackend(None, {"interval": "2.5", "plain": "Yes"})
     assert backend.interval == 2.5 and backend.live_table is False
     assert ConsoleBackend(None, {}).interval == 1.0
+
+
+def test_every_nth_step_gets_a_line_however_fast_the_run():
+    # A short run: 2,000 steps in a few spooled batches, faster than one line per interval.
+    backend = ConsoleBackend(None, {"interval": "3600", "every": "500"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "short", "g")
+    backend.open_run(run)
+    for start in range(0, 2000, 300):  # batches that do not line up with the multiples of 500
+        steps = np.arange(start, min(start + 300, 2000))
+        backend.write(run, schema.order_by_step(batch(steps, steps / 10.0)))  # as a Logger hands it over
+    backend.close_run(run)
+    assert backend.stream.getvalue().splitlines() == [
+        "[short] [step=0] loss=0 w=[array]",  # the first, at step 0, a multiple of 500
+        "[short] [step=500] loss=50 w=[array]",
+        "[short] [step=1000] loss=100 w=[array]",
+        "[short] [step=1500] loss=150 w=[array]",
+        "[short] [step=1999] loss=199.9 w=[array]",  # the last, at close
+    ]
+
+
+def test_a_terminal_shows_each_runs_rate_and_with_a_total_its_progress_and_time_left():
+    backend = ConsoleBackend(None, {"total": "400"})
+    backend.stream = io.StringIO()
+    backend.live_table = True
+    run = hooks.RunInfo("r", "seed-0", "g")
+    backend.open_run(run)
+    backend.write(run, batch(np.arange(0, 100), np.ones(100)))
+    time.sleep(0.2)
+    backend.write(run, batch(np.arange(100, 200), np.ones(100)))
+    backend._refresh_live()
+    backend.close()
+    shown = backend.stream.getvalue()
+    assert "steps/s" in shown and "progress" in shown
+    rate = float(re.search(r"([\d,]+)/s", shown).group(1).replace(",", ""))
+    assert 0 < rate <= 100 / 0.2  # 100 steps in at least 0.2 s
+    left = re.search(r"50% (\d+):(\d\d) left", shown)  # step 199 of 400: half done
+    assert left is not None and int(left.group(1)) * 60 + int(left.group(2)) >= round(200 / rate) - 1
