@@ -3,11 +3,17 @@
 A run's number (its `RunInfo.index`) is what `LoggerState.run` holds on the
 device; `Runs` maps it back to the run and keeps track of `finish`.
 
+A run's id, which names its folder, is the group's (the logger's name, when,
+random digits) and its number; a run named at `logger.init` has that name
+in front instead of the logger's.
+
 >>> runs = Runs("demo")
 >>> first = runs.open({"lr": 0.1}, position=None)
 >>> second = runs.open({"name": "sweep"}, position=1)
 >>> first.name, second.name, first.group == second.group, runs[1] is second
 ('demo-0', 'sweep-1', True, True)
+>>> first.run_id == f"{runs.group}-0", second.run_id == f"sweep-{runs.group.removeprefix('demo-')}-1"
+(True, True)
 >>> [run.index for run in runs.finishing([0])], runs.finishing([0])
 ([0], [])
 """
@@ -39,6 +45,8 @@ class Runs:
     def __init__(self, name: str, group: str | None = None):
         self.name = name
         self.group = new_group(name) if group is None else group
+        # What follows the logger's name in the group (when, random digits): a named run's id keeps it.
+        self._stamp = self.group.removeprefix(f"{safe_name(name)}-")
         self._runs: list[RunInfo] = []
         self._open: set[int] = set()
         self._finished: set[int] = set()  # runs whose close reached the backends
@@ -52,9 +60,11 @@ class Runs:
             base = str(metadata.get("name", self.name))
             if "name" not in metadata:
                 name = f"{base}-{number}"  # unique within the logger
+                run_id = f"{self.group}-{number}"
             else:
                 name = base if position is None else f"{base}-{position}"
-            run = RunInfo(f"{self.group}-{number}", name, self.group, number, metadata)
+                run_id = f"{safe_name(base)}-{self._stamp}-{number}"
+            run = RunInfo(run_id, name, self.group, number, metadata)
             self._runs.append(run)
             self._open.add(number)
         return run

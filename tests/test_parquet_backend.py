@@ -626,3 +626,19 @@ def test_loggers_made_at_once_on_one_new_folder_are_all_accepted(tmp_path):
             list(pool.map(make, [folder] * 8))
     assert sorted(os.listdir(tmp_path)) == []  # made when written, as before
 
+
+def test_a_run_named_at_init_has_its_folder_named_so(tmp_path):
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}", name="sweep")
+    named = logger.init(name="mlp")
+    seeds = jax.vmap(lambda k: logger.init(k, name="my model/v2"))(jax.random.split(jax.random.key(0), 3))
+    unnamed = logger.init()
+    for state in (named, unnamed):
+        logger.log(state, lox.logdict({"x": np.array([1.0])}))
+    logger.log(seeds, lox.logdict({"x": np.ones((3, 1))}))
+    logger.finish(named), logger.finish(seeds), logger.finish(unnamed)
+    stamp = logger.group.removeprefix("sweep-")  # when the logger was made, and random digits
+    ids = [run.run_id for run in logger.runs()]
+    assert ids == [f"mlp-{stamp}-0", *(f"my-model-v2-{stamp}-{i}" for i in (1, 2, 3)), f"sweep-{stamp}-4"]
+    assert [run.name for run in logger.runs()] == ["mlp", "my model/v2-0", "my model/v2-1", "my model/v2-2", "sweep-4"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".batches")) == sorted(ids)
+    assert list(lox.load(tmp_path)) == ids
