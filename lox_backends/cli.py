@@ -1,7 +1,7 @@
 """The ``lox`` command.
 
     lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
-    lox plot RUN_DIR --key loss -o loss.png                 one curve per run (--run, --group choose them)
+    lox plot RUN_DIR --key loss -o loss.png                 one curve per run and key (--run, --group choose runs)
     lox backends                                            installed backends and their packages
     lox sync RUN_DIR --to SPEC                              send saved runs to a tracker (what is missing)
     lox --version
@@ -53,16 +53,21 @@ def main(argv: list[str] | None = None) -> int:
 
     plot = commands.add_parser(
         "plot",
-        help="plot one key of saved runs, one curve per run",
+        help="plot keys of saved runs, one curve per run and key",
         description=(
-            "Plot one key of saved runs against a step, one curve per run, into a PNG (needs matplotlib: "
+            "Plot keys of saved runs against a step, one curve per run and key, into a PNG (needs matplotlib: "
             "pip install 'jax-lox[plot]'). Curves are labelled by run name, or GROUP/NAME where runs of "
             "different groups share a name; a key holding arrays is plotted as the mean of each event's "
             "values, which its label says."
         ),
     )
     plot.add_argument("path", help="a folder of runs, or one run's folder (a local path, or s3://... gs://...)")
-    plot.add_argument("--key", default="loss", help="the key to plot (default: loss)")
+    plot.add_argument("--key", action="append", dest="keys", metavar="KEY",
+                      help="a key to plot (default: loss; repeat for several, e.g. --key loss --key val_loss)")
+    plot.add_argument("--smooth", type=float, default=0.0, metavar="WEIGHT",
+                      help="smooth each curve with an exponential moving average of this weight, from 0 (the "
+                           "default: none) to below 1, the raw curve faint behind it")
+    plot.add_argument("--title", default=None, help="the plot's title (default: none)")
     plot.add_argument("-o", "--output", default=None,
                       help="PNG file (default: KEY.png in PATH; in the current folder for a bucket)")
     plot.add_argument("--step", default="step",
@@ -101,7 +106,8 @@ def _run(args) -> None:
         run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
     elif args.command == "plot":
         print(plot_runs(
-            args.path, key=args.key, output=args.output, step=args.step, runs=args.runs, groups=args.groups
+            args.path, key=args.keys or ["loss"], output=args.output, step=args.step, runs=args.runs,
+            groups=args.groups, smoothing=args.smooth, title=args.title,
         ))
     elif args.command == "backends":
         print(backends_table())

@@ -4,8 +4,9 @@ A two-layer network learns ``y = sin(3x)`` from noisy samples with minibatch
 SGD. Seeds run side by side under `jax.vmap`, each epoch is one compiled call:
 the per-step loss and gradient norm are spooled (one batch per epoch per seed),
 the validation loss is tapped (streamed as soon as the epoch computes it). Every
-seed is its own run in ``console,parquet:DIR``; at the end the loss curves are
-plotted into ``DIR/loss.png``.
+seed is its own run in ``console,parquet:DIR``; at the end the training and
+validation loss curves (smoothed, the raw ones faint behind) are plotted into
+``DIR/loss.png``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from lox_core.primitive import log
 HIDDEN = 32
 BATCH = 32
 LEARNING_RATE = 0.1
+SMOOTHING = 0.6  # of the plotted curves: minibatch losses are noisy
 
 
 def init_params(key):
@@ -105,6 +107,9 @@ def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, step
         print(f"  {run.name}: {logs['loss'].shape[0]} steps, final loss {float(np.asarray(logs['loss'])[-1]):.4f}, "
               f"final val_loss {float(np.asarray(logs['val_loss'])[-1]):.4f}  ({os.path.join(directory, run.run_id)})")
 
-    png = plot_runs(directory, key="loss", output=os.path.join(directory, "loss.png"), run_ids=ours)
-    print(f"  loss curves: {png}  (again with: lox plot {directory} --key loss -o loss.png)")
+    title = f"lox demo: a {HIDDEN}-unit MLP learns sin(3x), {seeds} seeds"
+    png = plot_runs(directory, key=["loss", "val_loss"], output=os.path.join(directory, "loss.png"), run_ids=ours,
+                    smoothing=SMOOTHING, title=title)
+    print(f"  loss curves: {png}  (again with: lox plot {directory} --key loss --key val_loss --smooth {SMOOTHING} "
+          "-o loss.png)")
     return png

@@ -113,7 +113,10 @@ def test_demo_help_describes_the_demo_and_its_defaults(capsys, monkeypatch):
 
 def test_plot_help_says_the_defaults(capsys, monkeypatch):
     text = help_text(capsys, monkeypatch, "plot")
-    assert "--key KEY the key to plot (default: loss)" in text
+    assert "--key KEY a key to plot (default: loss; repeat for several, e.g. --key loss --key val_loss)" in text
+    assert "--smooth WEIGHT smooth each curve with an exponential moving average of this weight, from 0 (the " \
+           "default: none) to below 1" in text
+    assert "--title TITLE the plot's title (default: none)" in text
     assert "--step STEP the step name on the x axis (default: step;" in text
     assert "--run RUN plot only this run: its name, GROUP/NAME or run id (repeat for several)" in text
     assert "--group GROUP plot only the runs of this group (repeat for several)" in text
@@ -249,3 +252,38 @@ def test_plot_says_when_it_averages_an_array_valued_key(tmp_path):
     assert legend(figure) == ["arrays (mean of 2×2 values)"]
     assert figure.axes[0].get_ylabel() == "loss (mean per event)"
     assert figure.axes[0].get_lines()[0].get_ydata().tolist() == [1.5, 5.5, 9.5]
+
+
+def test_plot_draws_several_keys_smoothed_with_the_raw_curves_faint_and_a_title(capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    loss = np.exp(-np.arange(200) / 50) + 0.05 * rng.random(200)
+    logger = lox.loggers.SaveLogger(tmp_path / "runs")
+    for seed in range(2):
+        state = logger.init(name=f"seed-{seed}")
+        logger.log(state, lox.logdict({"loss": loss + seed}, {"step": {"loss": np.arange(200)}}))
+        logger.log(state, lox.logdict({"val_loss": np.array([0.5, 0.25]) + seed}, {"step": {"val_loss": [100, 200]}}))
+        logger.finish(state)
+    logger.close()
+    figure = plot_figure(tmp_path / "runs", key=["loss", "val_loss"], smoothing=0.6, title="two keys")
+    axes = figure.axes[0]
+    assert axes.get_title() == "two keys" and axes.get_ylabel() == "loss, val_loss"
+    assert legend(figure) == ["seed-0 loss", "seed-1 loss", "seed-0 val_loss", "seed-1 val_loss"]
+    lines = axes.get_lines()
+    raw, smooth = lines[0], lines[1]  # seed-0's loss: the raw curve faint, then the smoothed one
+    assert raw.get_alpha() == 0.25 and smooth.get_alpha() is None and raw.get_color() == smooth.get_color()
+    np.testing.assert_array_equal(raw.get_ydata(), loss)
+    average, by_hand = 0.0, []
+    for i, value in enumerate(loss):  # TensorBoard's smoothing: a debiased exponential moving average
+        average = 0.6 * average + 0.4 * value
+        by_hand.append(average / (1 - 0.6 ** (i + 1)))
+    np.testing.assert_allclose(smooth.get_ydata(), by_hand, rtol=1e-12)
+    # Two points per run: drawn raw, marked, dashed, in the run's colour.
+    sparse = [line for line in lines if line.get_label() == "seed-1 val_loss"][0]
+    assert sparse.get_ydata().tolist() == [1.5, 1.25] and sparse.get_marker() == "o"
+    assert sparse.get_linestyle() == "--" and sparse.get_color() == lines[2].get_color()  # seed-1's loss colour
+    with pytest.raises(ValueError, match=r"the smoothing must be from 0 \(none\) to below 1, got 1\.0\."):
+        plot_figure(tmp_path / "runs", smoothing=1.0)
+    output = tmp_path / "both.png"
+    status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--key", "loss", "--key", "val_loss",
+                           "--smooth", "0.6", "--title", "demo", "-o", str(output))
+    assert (status, out, err) == (0, f"{output}\n", "") and is_png(output)
