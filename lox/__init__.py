@@ -7,6 +7,8 @@ Parquet files, plugins) and `lox.load` reads saved runs back.
 """
 
 from lox import loggers as loggers
+from lox import neptune as neptune
+from lox import wandb as wandb
 from lox_backends.store import load as load
 from lox_core.console import set_default as set_default
 from lox_core.logdict import NO_STEP as NO_STEP
@@ -20,4 +22,5 @@ from lox_core.tap import tap as tap
 __version__ = "0.2.0"
 
 
-__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load"]
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "wandb",
+           "neptune"]
