@@ -189,16 +189,7 @@ class logdict(dict[str, Any]):
         return self._steps
 
     def __getattr__(self, name: str) -> dict[str, Any]:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        steps = object.__getattribute__(self, "_steps")
-        if name in steps:
-            return steps[name]
-        raise AttributeError(
-            f"logdict has no step named {name!r}; its step names are {sorted(steps)}. "
-            # No final period: Python may append ". Did you mean: ...?"
-            "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`"
-        )
+        return _step_named(object.__getattribute__(self, "_steps"), name, "logdict")
 
     def step_names(self, key: str) -> list[str]:
         return [name for name, per_key in self._steps.items() if key in per_key]
@@ -443,6 +434,20 @@ def _identity(dtype, mode: str):
     return np.inf if mode == "min" else -np.inf
 
 
+def _step_named(steps: dict[str, Any], name: str, holder: str) -> Any:
+    """``steps[name]``, for a step name read as an attribute (``logs.step``,
+    ``event.epoch``); else an AttributeError that lists the step names."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name in steps:
+        return steps[name]
+    raise AttributeError(
+        f"{holder} has no step named {name!r}; its step names are {sorted(steps)}. "
+        # No final period: Python may append ". Did you mean: ...?"
+        "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`"
+    )
+
+
 def _concrete(*trees) -> bool:
     """Whether the arrays can be shown: not traced, and all on this process."""
     return all(not isinstance(x, jax.core.Tracer) and getattr(x, "is_fully_addressable", True)
@@ -509,15 +514,7 @@ class Event(dict[str, Any]):
         return event
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        steps = object.__getattribute__(self, "steps")
-        if name in steps:
-            return steps[name]
-        raise AttributeError(
-            f"this event has no step named {name!r}; its steps are {sorted(steps)}. "
-            "Pass steps to `lox.log` as keyword arguments, e.g. `lox.log(data, step=i)`"
-        )
+        return _step_named(object.__getattribute__(self, "steps"), name, "this event")
 
     def to_logdict(self) -> logdict:
         """The event as a one-event `lox.logdict`: every value and step with a

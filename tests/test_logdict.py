@@ -174,7 +174,7 @@ def test_an_event_reads_like_the_values_it_holds_and_adds_up_as_a_logdict():
                       step=4, epoch=1)
     assert repr(event) == str(event) == "Event({'loss': 0.25, 'w': [1.5, 2.0], 'n': 3}, step=4, epoch=1)"
     assert (event.step, event.epoch, event.steps) == (4, 1, {"step": 4, "epoch": 1})
-    message = r"this event has no step named 'stepp'; its steps are \['epoch', 'step'\]\. Pass steps to `lox.log` as"
+    message = r"this event has no step named 'stepp'; its step names are \['epoch', 'step'\]\. Pass steps to `lox.log`"
     with pytest.raises(AttributeError, match=message):
         _ = event.stepp
     again = pickle.loads(pickle.dumps(event))
