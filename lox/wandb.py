@@ -4,19 +4,46 @@
     lox.wandb.log(run, logs)   # a logdict, inside jax.jit / jax.vmap too
     lox.wandb.finish(run)
 
-`init` takes ``project``, ``entity``, ``mode`` and ``local`` (the backend's
-options), ``name`` and ``config``; ``WandbLogger(**the same)`` is a Logger, and
-``logger_of(run)`` the Logger of a run (for its ``spool`` and ``tap``). See
-"Coming from the earlier lox" in the docs for what differs.
+See "Coming from the earlier lox" in the docs for what differs from it.
 """
 
-from lox_backends.aliases import TrackerRun as TrackerRun
-from lox_backends.aliases import wandb as _wandb
+from typing import Any, Mapping
 
-init = _wandb.init
-log = _wandb.log
-finish = _wandb.finish
-logger_of = _wandb.logger_of
-WandbLogger = _wandb.logger
+import jax
+
+from lox.loggers import Logger
+from lox_backends.aliases import TrackerRun as TrackerRun
+from lox_backends.aliases import wandb as _tracker
+from lox_core.logdict import logdict
+
+
+def init(key: jax.Array | None = None, *, name: str | None = None, config: Mapping[str, Any] | None = None,
+         **settings: Any) -> TrackerRun:
+    """Open a Weights & Biases run (one per seed under `jax.vmap`), eagerly or
+    inside `jax.jit`. `settings` are the backend's options: ``project``, ``entity``, ``mode``
+    and ``local``; `name` is the run's name and `config` its config."""
+    return _tracker.init(key, name=name, config=config, **settings)
+
+
+def log(run: TrackerRun, logs: logdict) -> None:
+    """Send a logdict (e.g. spooled logs) to `run`; inside `jax.jit` and `jax.vmap` too."""
+    _tracker.log(run, logs)
+
+
+def finish(run: TrackerRun, timeout: float | None = None) -> None:
+    """Finish `run` (every seed) once what was logged to it is sent; outside jit."""
+    _tracker.finish(run, timeout)
+
+
+def logger_of(run: TrackerRun) -> Logger:
+    """The Logger behind `run`: its `spool`, `tap` and `runs()` take the run too."""
+    return _tracker.logger_of(run)
+
+
+def WandbLogger(*, name: str = "lox", config: Mapping[str, Any] | None = None, **settings: Any) -> Logger:  # noqa: N802
+    """A Logger of Weights & Biases whose runs are named ``name-0``, ``name-1``... and
+    get `config` at every `init`; `settings` as `init` takes them."""
+    return _tracker.logger(name=name, config=config, **settings)
+
 
 __all__ = ["init", "log", "finish", "logger_of", "WandbLogger", "TrackerRun"]
