@@ -36,9 +36,10 @@ from lox_core.logdict import logdict
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrackerRun(LoggerState):
-    """A `LoggerState` that also names (statically) the Logger of the tracker
-    settings it was opened with."""
+    """A `LoggerState` that also names (statically) its tracker and the Logger
+    of the settings it was opened with."""
 
+    tracker: str = dataclasses.field(default="", metadata={"static": True})
     logger: int = dataclasses.field(default=0, metadata={"static": True})
 
 
@@ -97,13 +98,14 @@ class Tracker:
             number = self._numbers[same]
         metadata = {**(config or {}), **({"name": name} if name is not None else {})}
         state = self._loggers[number].init(key, **metadata)
-        return TrackerRun(state.run, number)
+        return TrackerRun(state.run, self.backend, number)
 
     def logger_of(self, run: TrackerRun, where: str | None = None) -> Logger:
         """The Logger `run` belongs to: its `spool`, `tap`, `runs()`... take the run too."""
-        if not isinstance(run, TrackerRun):
+        if not isinstance(run, TrackerRun) or run.tracker != self.backend:
             where = where or f"lox.{self.backend}.logger_of"
-            raise TypeError(f"`{where}` takes the run `lox.{self.backend}.init` returned, got {type(run).__name__}.")
+            got = f"a run of lox.{run.tracker}" if isinstance(run, TrackerRun) else type(run).__name__
+            raise TypeError(f"`{where}` takes the run `lox.{self.backend}.init` returned, got {got}.")
         return self._loggers[run.logger]
 
     def log(self, run: TrackerRun, logs: logdict) -> None:

@@ -101,3 +101,7 @@ def test_what_the_aliases_refuse_is_named():
     state = lox.loggers.from_config("memory").init()
     with pytest.raises(TypeError, match=r"`lox.wandb.log` takes the run `lox.wandb.init` returned, got LoggerState\."):
         lox.wandb.log(state, lox.logdict())
+    wandb_run = lox.wandb.TrackerRun(state.run, "wandb", 0)
+    with pytest.raises(TypeError, match=r"`lox.neptune.finish` takes the run `lox.neptune.init` returned, got a run of "
+                                        r"lox.wandb\."):
+        lox.neptune.finish(wandb_run)
