@@ -80,7 +80,6 @@ class ConsoleBackend(hooks.Backend):
 
     write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
-
     def close_run(self, run):
         if self._unshown.get(run.run_id):
             self._show(run, force=True)  # the final values, if the last update was throttled
