@@ -6,12 +6,13 @@
 
 `init` takes the tracker's settings as the earlier lox passed them on to the
 client (`project`, `entity`/`mode`...; the run's `name` and `config`). Each
-distinct set of settings gets one Logger of the tracker's backend, made at its
-first `init` and kept for the process; the `TrackerRun` that `init` returns
-names it (statically), so that `log` and `finish` reach it. Everything else is
-the Logger's: a local log first, sending in the background, one tracker run per
-seed under `jax.vmap`. ``WandbLogger(**settings)`` is such a Logger, whose
-every `init` gets the settings' `name` and `config`.
+`init` makes a Logger of the tracker's backend for its runs (the seeds of a
+vmapped `init` are one group), closed once `finish` finished them all; the
+`TrackerRun` that `init` returns names it (statically), so that `log` and
+`finish` reach it. Everything else is the Logger's: a local log first, sending
+in the background, one tracker run per seed under `jax.vmap`.
+``WandbLogger(**settings)`` is a Logger whose every `init` gets the settings'
+`name` and `config`.
 
 A setting the backend does not take (a W&B ``group``, ``tags``...) is refused
 by name, rather than dropped: use `lox.loggers.from_config` for the rest of the
@@ -25,6 +26,7 @@ import threading
 from typing import Any, Mapping
 
 import jax
+import numpy as np
 
 from lox_backends import hooks
 from lox_backends.config import BackendConfig
@@ -63,8 +65,8 @@ class Tracker:
 
     def __init__(self, backend: str, settings: tuple[str, ...], target: str | None = None):
         self.backend, self.settings, self.target = backend, settings, target
-        self._loggers: list[Logger] = []
-        self._numbers: dict[tuple, int] = {}  # settings → index in _loggers
+        self._loggers: list[Logger] = []  # one per `init` call, in order
+        self._finished: dict[int, set[int]] = {}  # index in _loggers → its runs that `finish` finished
         self._lock = threading.Lock()
 
     def _make(self, where: str, settings: dict[str, Any]) -> hooks.Backend:
@@ -90,15 +92,12 @@ class Tracker:
              config: Mapping[str, Any] | None = None, **settings: Any) -> TrackerRun:
         """Open a tracker run (one per seed under `jax.vmap`) with `config` as
         its config and `name` as its name; eagerly or inside `jax.jit`."""
+        logger = Logger([self._make(f"lox.{self.backend}.init", settings)], name=name or self.backend)
         with self._lock:
-            same = tuple(sorted((k, str(v)) for k, v in settings.items() if v is not None))
-            if same not in self._numbers:
-                self._loggers.append(Logger([self._make(f"lox.{self.backend}.init", settings)], name=self.backend))
-                self._numbers[same] = len(self._loggers) - 1
-            number = self._numbers[same]
+            self._loggers.append(logger)
+            number = len(self._loggers) - 1
         metadata = {**(config or {}), **({"name": name} if name is not None else {})}
-        state = self._loggers[number].init(key, **metadata)
-        return TrackerRun(state.run, self.backend, number)
+        return TrackerRun(logger.init(key, **metadata).run, self.backend, number)
 
     def logger_of(self, run: TrackerRun, where: str | None = None) -> Logger:
         """The Logger `run` belongs to: its `spool`, `tap`, `runs()`... take the run too."""
@@ -114,8 +113,16 @@ class Tracker:
         self.logger_of(run, f"lox.{self.backend}.log").log(run, logs)
 
     def finish(self, run: TrackerRun, timeout: float | None = None) -> None:
-        """Finish the run (every seed) once what was logged to it is sent; outside jit."""
-        self.logger_of(run, f"lox.{self.backend}.finish").finish(run, timeout)
+        """Finish the run (every seed) once what was logged to it is sent;
+        outside jit. Its Logger closes once all the runs of its `init` are finished."""
+        logger = self.logger_of(run, f"lox.{self.backend}.finish")
+        logger.finish(run, timeout)
+        with self._lock:
+            finished = self._finished.setdefault(run.logger, set())
+            finished.update(int(n) for n in np.asarray(run.run).reshape(-1))
+            done = len(finished) == len(logger.runs())
+        if done:
+            logger.close(timeout)
 
 
 wandb = Tracker("wandb", ("project", "entity", "mode", "local"))

@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+import pyarrow.compute as pc
 
 from lox_backends import hooks
 from lox_backends.config import Option, check_options
@@ -58,8 +59,9 @@ class ConsoleBackend(hooks.Backend):
         if table.num_rows == 0:
             return
         primary = schema.primary_step(schema.step_names(table))
-        steps = None if primary is None else table.column(primary).to_numpy(zero_copy_only=False)
-        if steps is not None and steps.dtype.kind in "iu":  # no missing steps
+        column = None if primary is None else table.column(primary)
+        if column is not None and column.null_count < len(column):
+            steps = pc.fill_null(column, -1).to_numpy()  # -1: a row without the step (never a multiple)
             self._advance(run.run_id, int(steps.max()))
             if self.every and not self.live_table:  # a line at each N-th step the table holds, in order
                 start = 0
@@ -151,8 +153,8 @@ def _update(latest: dict, table) -> None:
 
 def _ends_of_multiples(steps: np.ndarray, every: int) -> list[int]:
     """The row just after the last row of each step that is a multiple of
-    `every`, for `steps` in increasing order."""
-    at = np.flatnonzero(steps % every == 0)
+    `every`, for `steps` in increasing order (-1 where a row has none)."""
+    at = np.flatnonzero((steps % every == 0) & (steps >= 0))
     if at.size == 0:
         return []
     last = at[np.append(steps[at][1:] != steps[at][:-1], True)]  # the last row of each such step

@@ -91,15 +91,20 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     by_run = _choose(path, by_run, infos, run_ids, runs, groups)
 
     curves = [(k, _runs_with(path, by_run, infos, k, step)) for k in keys]
+    indexed = [k for k, (_, against_index) in curves if against_index]
+    if indexed and len(indexed) < len(keys):
+        stepped = [k for k in keys if k not in indexed]
+        raise LookupError(
+            f"{', '.join(map(repr, indexed))} was logged without any step and {', '.join(map(repr, stepped))} "
+            f"with {step!r}: one x axis cannot show both. Plot them apart, or log every key with `{step}=`."
+        )
     plotted = list(dict.fromkeys(run for _, (with_key, _) in curves for run in with_key))
     labels = _labels(plotted, infos)
     colours = {run: f"C{i % 10}" for i, run in enumerate(plotted)}
     figure, axes = plt.subplots(figsize=(7, 4))
     positive = True
     averaged = False
-    against_any_index = False
     for number, (k, (with_key, against_index)) in enumerate(curves):
-        against_any_index |= against_index
         style = ("-", "--", ":", "-.")[number % 4]
         for run, logs in with_key.items():
             values = np.asarray(logs[k])
@@ -124,7 +129,7 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
             positive &= bool(np.all(values > 0))
     if positive:
         axes.set_yscale("log")
-    axes.set_xlabel("event index (no step was logged)" if against_any_index else step)
+    axes.set_xlabel("event index (no step was logged)" if indexed else step)
     axes.set_ylabel(", ".join(keys) + (" (mean per event)" if averaged else ""))
     if title:
         axes.set_title(title)
@@ -160,12 +165,17 @@ def _runs_with(path: str, by_run: dict, infos: dict, key: str, step: str) -> tup
 
 def _smoothed(values: np.ndarray, weight: float) -> np.ndarray:
     """The exponential moving average of `values` with `weight`, debiased at
-    the start (the first point is the first value), as TensorBoard smooths."""
+    the start (the first point is the first value), as TensorBoard smooths: a
+    NaN or infinite value is shown as it is and left out of the average."""
     out = np.empty(values.shape, float)
-    average = 0.0
+    average, seen = 0.0, 0
     for i, value in enumerate(values.astype(float)):
+        if not np.isfinite(value):
+            out[i] = value
+            continue
+        seen += 1
         average = weight * average + (1.0 - weight) * value
-        out[i] = average / (1.0 - weight ** (i + 1))
+        out[i] = average / (1.0 - weight**seen)
     return out
 
 

@@ -28,10 +28,14 @@ from typing import Any
 
 from lox_backends.hooks import RunInfo
 
+MAX_NAME = 64  # characters of a name that a run id keeps (folder names are limited)
+
 
 def safe_name(name: str) -> str:
-    """`name` with only the characters a run id may hold."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "lox"
+    """`name` with only the characters a run id may hold: no ``..``, at most
+    `MAX_NAME` characters."""
+    safe = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9_.-]+", "-", name))
+    return safe[:MAX_NAME].strip("-.") or "lox"
 
 
 def new_group(name: str) -> str:

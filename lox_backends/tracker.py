@@ -112,7 +112,7 @@ class TrackerBackend(hooks.Backend):
         self._owns_log = True
         self._runs: dict[str, hooks.RunInfo] = {}
         self._sender = _Sender(self)
-        self._gave_up_at: int | None = None  # `_sender.sent` when a wait last timed out
+        self._gave_up_at: tuple[int, int] | None = None  # `_sender.progress()` when a wait last timed out
 
     # --- what subclasses implement ---------------------------------------------------
     def destination(self) -> str:
@@ -197,11 +197,12 @@ class TrackerBackend(hooks.Backend):
         """Wait (at most `timeout` seconds) until everything queued was sent;
         warn about what was not, and how to send it later. At exit, after a
         wait that timed out with nothing sent since (the tracker is down), it
-        neither waits nor warns again: `finish` did both already."""
-        if shutdown.exiting() and self._gave_up_at == self._sender.sent:
+        neither waits nor warns again, unless more was queued since: `finish`
+        did both already."""
+        if shutdown.exiting() and self._sender.down() and self._gave_up_at == self._sender.progress():
             return
         if not self._sender.wait(timeout):
-            self._gave_up_at = self._sender.sent
+            self._gave_up_at = self._sender.progress()
             unsent = self._sender.unsent()
             error = self._sender.last_error
             warnings.warn(
@@ -434,6 +435,7 @@ class _Watchdog:
         self._condition = threading.Condition()
         self._call: tuple[int, str, float] | None = None  # (number, label, when it began)
         self._calls = 0
+        self._stopped = False
         # Started now: Python refuses new threads while the interpreter exits.
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
@@ -448,21 +450,32 @@ class _Watchdog:
             self._call = None
             self._condition.notify_all()
 
+    def stop(self) -> None:
+        """End the thread (the tracker's last call was made)."""
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._condition:
-                while self._call is None:
+                while self._call is None and not self._stopped:
                     self._condition.wait()
+                if self._stopped:
+                    return
                 number, label, began = self._call
                 # Until this call ends, or has run `after` seconds.
-                while self._call is not None and self._call[0] == number and time.monotonic() < began + self._after:
+                while self._running(number) and time.monotonic() < began + self._after:
                     self._condition.wait(began + self._after - time.monotonic())
-                slow = self._call is not None and self._call[0] == number
+                slow = self._running(number)
             if slow:
                 self._on_slow(label, self._after)
                 with self._condition:  # once per call
-                    while self._call is not None and self._call[0] == number:
+                    while self._running(number):
                         self._condition.wait()
+
+    def _running(self, number: int) -> bool:
+        return not self._stopped and self._call is not None and self._call[0] == number
 
 
 class _Sender:
@@ -476,10 +489,18 @@ class _Sender:
         self._runs_open: dict[str, hooks.RunInfo] = {}
         self._refused: set[str] = set()  # runs the tracker refused to open
         self.last_error: BaseException | None = None
-        self._warned = False
-        self.sent = 0  # items handled: what a wait that timed out compares with later
+        self._warned = False  # an outage was warned about: a call failed, or went unanswered (`SLOW_CALL`)
+        self._queued = self._sent = 0  # batch files queued, items handled (see `progress`)
         self._worker = Worker(f"lox-send-{backend.tracker}")
         self._watchdog = _Watchdog(f"lox-watch-{backend.tracker}", SLOW_CALL, self._slow)
+
+    def progress(self) -> tuple[int, int]:
+        """Batch files queued and items handled so far."""
+        return self._queued, self._sent
+
+    def down(self) -> bool:
+        """Whether the tracker is in an outage that was warned about."""
+        return self._warned
 
     def _slow(self, label: str, seconds: float) -> None:
         if self._warned:
@@ -495,8 +516,11 @@ class _Sender:
         )
 
     def put(self, item: tuple) -> None:
+        if item[0] == "file":
+            self._queued += 1
         self._worker.submit(lambda: self._with_retries(item), label=item[0])
         if item[0] == "shutdown":
+            self._worker.submit(self._watchdog.stop)
             self._worker.stop(wait=False)  # the thread ends once the queue is sent
 
     def wait(self, timeout: float | None) -> bool:
@@ -512,6 +536,7 @@ class _Sender:
         while True:
             if run is not None and run.run_id in self._refused:
                 return  # the tracker refused to open this run: warned once, the rest stays local
+            began = time.monotonic()
             self._watchdog.begin(_describe(kind, run, where))
             try:
                 self._handle(*item)
@@ -550,9 +575,9 @@ class _Sender:
                 delay = min(delay * 2, RETRY_MAX)
             else:
                 self._watchdog.end()
-                self.sent += 1
-                if self._warned:
-                    self._warned = False  # reachable again: warn again at the next outage
+                self._sent += 1
+                if self._warned and time.monotonic() - began < SLOW_CALL:
+                    self._warned = False  # answering again: warn again at the next outage
                 return
 
     def _handle(self, kind: str, run: hooks.RunInfo | None, where: str | None) -> None:

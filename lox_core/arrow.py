@@ -115,7 +115,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lox_core import schema
-from lox_core.logdict import NO_STEP, logdict
+from lox_core.logdict import NO_STEP, logdict, steps_per_event
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -301,18 +301,7 @@ def _batch_ndim(name: str, values: np.ndarray, steps: dict[str, np.ndarray]) -> 
 def _step_per_event(name: str, step_name: str, s: np.ndarray) -> np.ndarray:
     if s.dtype.kind not in "iu":
         raise TypeError(f"steps {step_name!r} of series {name!r} have dtype {s.dtype}; steps must be integers.")
-    if s.ndim > 1:
-        # Steps logged under vmap are broadcast over the batch axes: keep one per event.
-        flat = s.reshape(s.shape[0], -1)
-        if flat.shape[1] == 0:
-            return np.full(s.shape[0], NO_STEP, s.dtype)
-        if not (flat == flat[:, :1]).all():
-            raise ValueError(
-                f"steps {step_name!r} of series {name!r} differ along the axes after the event axis (shape "
-                f"{s.shape}); the Arrow schema holds one step per event. If the leading axis is a vmap batch "
-                "axis (`jax.vmap(lox.spool(f))`), convert each batch element: `logs.map_series(lambda x: x[i])`."
-            )
-        s = flat[:, 0]
+    s = steps_per_event(name, step_name, s, "the Arrow schema holds one step per event")
     if s.dtype == np.uint64 and s.size and s.max() > _INT64_MAX:
         raise ValueError(f"steps {step_name!r} of series {name!r} exceed the int64 range of the step column.")
     return s

@@ -301,7 +301,8 @@ class logdict(dict[str, Any]):
         """
         logs = self._trimmed("logdict.events") if self._valid else self
         host = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in logs.items()}  # in the logdict's key order
-        steps = {name: {k: np.asarray(s) for k, s in per_key.items()} for name, per_key in logs._steps.items()}
+        steps = {name: {k: steps_per_event(k, name, np.asarray(s), "an event has one step of each name")
+                        for k, s in per_key.items()} for name, per_key in logs._steps.items()}
         calls: dict[tuple, list[str]] = {}  # keys with the same events and steps, as one call logs them
         for key, value in host.items():
             own = [(name, per_key[key]) for name, per_key in steps.items() if key in per_key]
@@ -311,8 +312,7 @@ class logdict(dict[str, Any]):
             for i in range(count):
                 data = {k: jax.tree_util.tree_map(lambda x, i=i: x[i], host[k]) for k in keys}
                 at = {name: steps[name][keys[0]][i] for name in names}
-                yield Event._trusted(data, {n: int(s) if s.ndim == 0 else s for n, s in at.items()
-                                            if s.ndim or s != NO_STEP})
+                yield Event._trusted(data, {n: int(s) for n, s in at.items() if s != NO_STEP})
 
     # --- Arrow -------------------------------------------------------------------------
     def to_arrow(self, run: str | None = None) -> pa.Table:
@@ -434,6 +434,24 @@ def _identity(dtype, mode: str):
     return np.inf if mode == "min" else -np.inf
 
 
+def steps_per_event(key: str, step_name: str, steps: np.ndarray, why: str) -> np.ndarray:
+    """One step per event, ``(events,)``: steps logged under `jax.vmap` are
+    ``(events, *batch axes)``, the same for every element; steps that differ
+    along those axes are refused (`why` says what needs one per event)."""
+    if steps.ndim <= 1:
+        return steps
+    flat = steps.reshape(steps.shape[0], -1)
+    if flat.shape[1] == 0:
+        return np.full(steps.shape[0], NO_STEP, steps.dtype)
+    if not (flat == flat[:, :1]).all():
+        raise ValueError(
+            f"steps {step_name!r} of series {key!r} differ along the axes after the event axis (shape "
+            f"{steps.shape}); {why}. If the leading axis is a vmap batch axis (`jax.vmap(lox.spool(f))`), "
+            "take each batch element apart: `logs.map_series(lambda x: x[i])`."
+        )
+    return flat[:, 0]
+
+
 def _step_named(steps: dict[str, Any], name: str, holder: str) -> Any:
     """``steps[name]``, for a step name read as an attribute (``logs.step``,
     ``event.epoch``); else an AttributeError that lists the step names."""
@@ -520,7 +538,7 @@ class Event(dict[str, Any]):
         """The event as a one-event `lox.logdict`: every value and step with a
         leading event axis of 1."""
         data = {k: jax.tree_util.tree_map(lambda x: np.asarray(x)[None], v) for k, v in self.items()}
-        steps = {name: dict.fromkeys(data, np.asarray(s)[None]) for name, s in self.steps.items()} if data else {}
+        steps = {name: dict.fromkeys(data, _step_array(s)) for name, s in self.steps.items()} if data else {}
         return logdict._trusted(data, steps)
 
     def __repr__(self) -> str:
@@ -532,6 +550,16 @@ class Event(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Callable[..., Event], tuple[Any, ...]]:
         return (_rebuild_event, (dict(self), self.steps))
+
+
+def _step_array(step) -> np.ndarray:
+    """An event's step with an event axis: a Python int in JAX's step dtype
+    (int32 unless 64-bit types are on) where it fits, as `spool` returns steps."""
+    if isinstance(step, int):
+        dtype = jax.dtypes.canonicalize_dtype(np.int64)
+        if np.iinfo(dtype).min <= step <= np.iinfo(dtype).max:
+            return np.array([step], dtype)
+    return np.asarray(step)[None]
 
 
 def _rebuild_event(data: dict, steps: dict) -> Event:
@@ -654,6 +682,13 @@ def _unflatten(aux, children) -> logdict:
 
 
 jax.tree_util.register_pytree_node(logdict, _flatten, _unflatten)
+# An Event too, so that `jax.tree_util` maps its values and steps, and it passes through `jax.jit`.
+jax.tree_util.register_pytree_node(
+    Event,
+    lambda e: ([*e.values(), *e.steps.values()], (tuple(e), tuple(e.steps))),
+    lambda aux, children: Event._trusted(dict(zip(aux[0], children[: len(aux[0])], strict=True)),
+                                         dict(zip(aux[1], children[len(aux[0]) :], strict=True))),
+)
 
 
 # `jax.export` serializes a program's output pytree: a logdict's static part

@@ -184,7 +184,7 @@ def _check_value(key: str, leaf):
     return leaf if isinstance(leaf, (jax.core.Tracer, jax.Array)) else jnp.asarray(_fitting(f"key {key!r}", leaf))
 
 
-def _fitting(what: str, value, dtype=None):
+def _fitting(what: str, value, dtype=None, instead: str = "log a value that fits (a float, or a smaller unit)"):
     """`value` (on the host) as a NumPy array of `dtype` (by default JAX's for
     it) if that holds it exactly; with 64-bit types off JAX would silently make
     2**62 + 1 a 1 and 1e300 an inf: refused, naming `what` ("key 'x'")."""
@@ -204,8 +204,8 @@ def _fitting(what: str, value, dtype=None):
     raise ValueError(
         f"`lox.log` got {bad!r} ({value.dtype.name}) for {what}, which JAX holds as {dtype.name} while 64-bit "
         f"types are off: it would be logged as {becomes!r}. Enable them with "
-        "`jax.config.update('jax_enable_x64', True)`, or log a value that fits (a float, or a smaller unit); "
-        "outside jit, `logger.log` writes a `lox.logdict` of NumPy arrays as it is."
+        f"`jax.config.update('jax_enable_x64', True)`, or {instead}; outside jit, `logger.log` writes a "
+        "`lox.logdict` of NumPy arrays as it is."
     )
 
 
@@ -225,7 +225,7 @@ def _check_step(name: str, value):
         return value
     if isinstance(value, (jax.core.Tracer, jax.Array)):
         return jnp.asarray(value, dtype=_step_dtype())
-    return jnp.asarray(_fitting(f"step {name!r}", value, _step_dtype()))
+    return jnp.asarray(_fitting(f"step {name!r}", value, _step_dtype(), "count steps in a unit that fits"))
 
 
 # --- rules -------------------------------------------------------------------------

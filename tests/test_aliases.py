@@ -48,20 +48,22 @@ def test_wandb_init_log_finish_under_jit_and_vmap_as_the_earlier_lox(wandb_env):
     epoch(runs, w, 4)
     lox.wandb.finish(runs)
 
-    again = lox.wandb.init(project="old-api", mode="offline", name="eval")  # the same settings: the same Logger
+    again = lox.wandb.init(project="old-api", mode="offline", name="eval")  # another init: a group of its own
     lox.wandb.log(again, lox.logdict({"acc": np.array([0.5])}, steps={"step": {"acc": np.array([0])}}))
     lox.wandb.finish(again)
-    assert again.logger == runs.logger and again.run.tolist() == 3
 
-    logger = lox.wandb.logger_of(runs)
-    found = [wandb_runs(wandb_env["WANDB_DIR"], wandb_id(run.run_id)) for run in logger.runs()[-4:]]
+    seeds, evaluation = lox.wandb.logger_of(runs).runs(), lox.wandb.logger_of(again).runs()
+    found = [wandb_runs(wandb_env["WANDB_DIR"], wandb_id(run.run_id)) for run in [*seeds, *evaluation]]
     assert [len(f) for f in found] == [1, 1, 1, 1]
     for seed, (wb,) in enumerate(found[:3]):
         assert wb.complete and wb.run.project == "old-api" and wb.run.display_name == f"mlp-{seed}"
-        assert wb.config["lr"] == 0.1
+        assert wb.run.run_group == seeds[0].group and wb.config["lr"] == 0.1
         want = by_hand(float(w0[seed]), range(8))
         assert [(s, pytest.approx(v)) for s, v in wb.series("loss")] == want
-    assert found[3][0].run.display_name == "eval" and found[3][0].series("acc") == [(0, 0.5)]
+    (wb,) = found[3]
+    assert wb.run.display_name == "eval" and wb.series("acc") == [(0, 0.5)] and wb.run.run_group != seeds[0].group
+    with pytest.raises(RuntimeError, match=r"the lox logger 'mlp' was closed"):  # closed once its runs finished
+        lox.wandb.log(runs, lox.logdict())
 
 
 def test_wandb_logger_names_its_runs_and_gives_each_the_config(wandb_env):

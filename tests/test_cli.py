@@ -283,7 +283,31 @@ def test_plot_draws_several_keys_smoothed_with_the_raw_curves_faint_and_a_title(
     assert sparse.get_linestyle() == "--" and sparse.get_color() == lines[2].get_color()  # seed-1's loss colour
     with pytest.raises(ValueError, match=r"the smoothing must be from 0 \(none\) to below 1, got 1\.0\."):
         plot_figure(tmp_path / "runs", smoothing=1.0)
+    # A NaN is shown as it is and left out of the average, as TensorBoard does.
+    logger_with_nan = lox.loggers.SaveLogger(tmp_path / "nan")
+    state = logger_with_nan.init(name="nan")
+    logger_with_nan.log(state, lox.logdict({"loss": np.r_[loss[:60], np.nan, loss[60:]]},
+                                           {"step": {"loss": np.arange(201)}}))
+    logger_with_nan.finish(state)
+    logger_with_nan.close()
+    smooth = plot_figure(tmp_path / "nan", smoothing=0.6).axes[0].get_lines()[1].get_ydata()
+    assert np.isnan(smooth[60]) and np.isfinite(np.delete(smooth, 60)).all()
+    np.testing.assert_allclose(np.delete(smooth, 60), by_hand, rtol=1e-12)
+    # Keys plotted against the event index and against a step do not share an axis.
+    with pytest.raises(LookupError, match=r"^'acc' was logged without any step and 'loss' with 'step': one x axis "
+                                          r"cannot show both\. Plot them apart, or log every key with `step=`\.$"):
+        figure_with_acc(tmp_path)
     output = tmp_path / "both.png"
     status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--key", "loss", "--key", "val_loss",
                            "--smooth", "0.6", "--title", "demo", "-o", str(output))
     assert (status, out, err) == (0, f"{output}\n", "") and is_png(output)
+
+
+def figure_with_acc(tmp_path):
+    logger = lox.loggers.SaveLogger(tmp_path / "acc")
+    state = logger.init(name="acc")
+    logger.log(state, lox.logdict({"acc": np.array([0.5, 0.7]), "loss": np.array([1.0, 0.5])},
+                                  {"step": {"loss": np.array([0, 10])}}))
+    logger.finish(state)
+    logger.close()
+    return plot_figure(tmp_path / "acc", key=["loss", "acc"])

@@ -126,6 +126,22 @@ def test_every_nth_step_gets_a_line_however_fast_the_run():
     ]
 
 
+def test_every_nth_step_gets_a_line_also_when_other_keys_lack_the_step():
+    backend = ConsoleBackend(None, {"interval": "3600", "every": "10"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "mixed", "g")
+    backend.open_run(run)
+    steps = np.arange(25)
+    logs = lox.logdict({"loss": steps.astype(np.float32), "val_loss": np.array([0.5], np.float32)},
+                       {"step": {"loss": steps}, "epoch": {"val_loss": np.array([0])}})
+    backend.write(run, schema.order_by_step(to_arrow(logs, run="r")))  # val_loss's row has no `step`: last
+    backend.close_run(run)
+    assert backend.stream.getvalue().splitlines() == [
+        "[mixed] [step=0] loss=0", "[mixed] [step=10] loss=10", "[mixed] [step=20] loss=20",
+        "[mixed] [step=24] loss=24 [epoch=0] val_loss=0.5",
+    ]
+
+
 def test_a_terminal_shows_each_runs_rate_and_with_a_total_its_progress_and_time_left():
     backend = ConsoleBackend(None, {"total": "400"})
     backend.stream = io.StringIO()

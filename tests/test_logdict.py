@@ -179,6 +179,9 @@ def test_an_event_reads_like_the_values_it_holds_and_adds_up_as_a_logdict():
         _ = event.stepp
     again = pickle.loads(pickle.dumps(event))
     assert repr(again) == repr(event) and again.steps == event.steps
+    doubled = jax.jit(lambda e: jax.tree_util.tree_map(lambda x: 2 * x, e))(event)  # a pytree: values and steps
+    assert isinstance(doubled, lox.Event) and list(doubled) == list(event) and doubled.steps == {"step": 8, "epoch": 2}
+    np.testing.assert_array_equal(doubled["w"], [3.0, 4.0])
     logs = event.to_logdict() + lox.Event({"loss": np.float32(0.5)}, step=5).to_logdict()
     want = lox.logdict({"loss": np.array([0.25, 0.5], np.float32), "w": np.array([[1.5, 2.0]], np.float32),
                         "n": np.array([3], np.int32)},
@@ -192,3 +195,22 @@ def test_print_shows_values_rounded_and_large_arrays_abbreviated():
                        "tree": {"a": (np.int8(1), np.array([True, False]))}})
     assert str(event) == ("Event({'x': 1.0, 'tiny': 1.235e-07, 'big': [0.0, 1.0, 2.0, ..., 97.0, 98.0, 99.0], "
                           "'tree': {'a': (1, [True, False])}})")
+
+
+def test_events_refuse_a_batch_axis_in_front_and_to_logdict_keeps_spools_step_dtype():
+    def f(xs):
+        def step(c, x):
+            lox.log({"loss": x * 1.0}, step=x)
+            return c, None
+
+        return jax.lax.scan(step, 0, xs)[0]
+
+    _, batched = jax.vmap(lox.spool(f))(jnp.arange(6).reshape(2, 3))  # (seeds, events): not a series of events
+    with pytest.raises(ValueError, match=r"steps 'step' of series 'loss' differ along the axes after the event axis "
+                                         r"\(shape \(2, 3\)\); an event has one step of each name\. .*x\[i\]"):
+        list(batched.events())
+    _, spooled = lox.spool(f)(jnp.arange(3))
+    events = list(spooled.events())
+    back = concat([e.to_logdict() for e in events])
+    assert back.step["loss"].dtype == spooled.step["loss"].dtype == np.int32
+    assert_logs_equal(back, spooled)

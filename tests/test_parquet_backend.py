@@ -642,3 +642,10 @@ def test_a_run_named_at_init_has_its_folder_named_so(tmp_path):
     assert [run.name for run in logger.runs()] == ["mlp", "my model/v2-0", "my model/v2-1", "my model/v2-2", "sweep-4"]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".batches")) == sorted(ids)
     assert list(lox.load(tmp_path)) == ids
+    # Names a folder cannot be: `..` and very long names are shortened in the id, never refused.
+    odd = [logger.init(name="steps 0..100"), logger.init(name="x" * 300)]
+    for state in odd:
+        logger.log(state, lox.logdict({"x": np.array([2.0])}))
+        logger.finish(state)
+    assert [run.run_id for run in logger.runs()[-2:]] == [f"steps-0.100-{stamp}-5", f"{'x' * 64}-{stamp}-6"]
+    assert [lox.load(tmp_path / run.run_id)["x"].tolist() for run in logger.runs()[-2:]] == [[2.0], [2.0]]
