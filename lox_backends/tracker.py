@@ -461,7 +461,7 @@ class _Watchdog:
             with self._condition:
                 while self._call is None and not self._stopped:
                     self._condition.wait()
-                if self._stopped:
+                if self._stopped or self._call is None:
                     return
                 number, label, began = self._call
                 # Until this call ends, or has run `after` seconds.
