@@ -357,7 +357,7 @@ class logdict(dict[str, Any]):
             names = self.step_names(key)
             padded = "  padded" if key in self._valid else ""
             if _concrete(value, self._valid.get(key), *(self._steps[name][key] for name in names)):
-                shown = console.show(jax.tree_util.tree_map(_Shown.of, value))
+                shown = console.show(jax.tree_util.tree_map(_shown, value))
                 steps = "".join(f"  {name}={_show_steps(self._steps[name][key])}" for name in names)
                 valid = f"  valid={console.show(self._valid[key])}" if key in self._valid else ""
                 lines.append(f"  {key!r}: {shown}{steps}{valid}")
@@ -478,15 +478,10 @@ def _show_steps(steps) -> str:
     return console.show(np.where(steps == NO_STEP, "-", steps.astype(object)) if (steps == NO_STEP).any() else steps)
 
 
-class _Shown(str):
-    """An array as `print(logs)` shows it: dtype, shape and values."""
-
-    @classmethod
-    def of(cls, x) -> "_Shown":
-        return cls(f"{_describe(x)} {console.show(x)}")
-
-    def __repr__(self) -> str:
-        return str(self)
+def _shown(x) -> str:
+    """An array as `print(logs)` shows it: dtype, shape and values (a string,
+    which `console.show` shows as it is)."""
+    return f"{_describe(x)} {console.show(x)}"
 
 
 def _describe(x) -> str:
