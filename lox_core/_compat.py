@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import numpy as np
 from jax._src import core, effects, linear_util, source_info_util
 from jax._src import debugging as _debugging
 from jax._src import distributed as _distributed
@@ -35,6 +36,15 @@ ClosedJaxpr = core.ClosedJaxpr
 Var = core.Var
 Literal = core.Literal
 DropVar = core.DropVar
+
+
+def literal_operands(values: list) -> list:
+    """A log's operands as arrays. JAX 0.10 hands a constant made in the
+    traced function (``jnp.asarray(5)``, ``jnp.array(True)``) to an
+    interpreter as a literal whose value is a typed Python scalar
+    (`TypedInt`, `TypedFloat`, `TypedComplex`) or a `bool`, without a shape;
+    earlier releases give NumPy arrays."""
+    return [x if hasattr(x, "shape") else np.asarray(x, dtype=getattr(x, "dtype", None)) for x in values]
 
 
 # --- The effect that keeps `lox.log` alive -------------------------------------

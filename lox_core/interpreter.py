@@ -311,7 +311,8 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             segments.emit_run(pending, read, write, lambda v: counts[v] > inside[v])
             pending.clear()
         for eqn in deferred:
-            collected.append(log_rule(handler, site_of(eqn.params), [read(v) for v in eqn.invars], active))
+            operands = _compat.literal_operands([read(v) for v in eqn.invars])
+            collected.append(log_rule(handler, site_of(eqn.params), operands, active))
         deferred.clear()
 
     for eqn in jaxpr.eqns:
@@ -329,6 +330,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
         flush()
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive is log_p:
+            invals = _compat.literal_operands(invals)
             new = log_rule(handler, site_of(eqn.params), invals, active)
             outs = event_outputs(invals) if returned_event_used else []
         else:

@@ -231,3 +231,62 @@ def test_only_the_compatibility_module_names_primitives():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 assert node.value not in names, f"{path.name} names the primitive {node.value!r}"
+
+
+# --- constants made inside the logged function -------------------------------------------
+# JAX 0.10 hands them to the interpreter as literals (typed Python scalars, no shape).
+CONSTANTS = {
+    "asarray int": (lambda: jnp.asarray(5), np.int32(5)),
+    "asarray float": (lambda: jnp.asarray(0.5), np.float32(0.5)),
+    "asarray bool": (lambda: jnp.asarray(True), np.bool_(True)),
+    "asarray complex": (lambda: jnp.asarray(1 + 2j), np.complex64(1 + 2j)),
+    "array int": (lambda: jnp.array(-3), np.int32(-3)),
+    "array float": (lambda: jnp.array(2.5), np.float32(2.5)),
+    "array bool": (lambda: jnp.array(False), np.bool_(False)),
+    "weak float": (lambda: jnp.float32(1.0) * 0 + 0.25, np.float32(0.25)),
+    "small array": (lambda: jnp.array([1, 2, 3]), np.array([1, 2, 3], np.int32)),
+    "zeros": (lambda: jnp.zeros(()), np.float32(0)),
+    "full 2x2": (lambda: jnp.full((2, 2), 7.0), np.full((2, 2), 7.0, np.float32)),
+}
+# Where the constant is logged: each place runs the log `n` times at steps 0..n-1.
+PLACES = {
+    "top": lambda log: log(0),
+    "scan": lambda log: jax.lax.scan(lambda c, i: (log(i), (c, None))[1], 0, jnp.arange(3)),
+    "cond": lambda log: jax.lax.cond(True, lambda: log(0), lambda: log(0)),
+    "nested jit": lambda log: jax.jit(lambda: log(0))(),
+    "fori": lambda log: jax.lax.fori_loop(0, 2, lambda i, c: (log(i), c)[1], 0),
+}
+EVENTS = {"top": 1, "scan": 3, "cond": 1, "nested jit": 1, "fori": 2}
+
+
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("constant", CONSTANTS)
+def test_a_constant_made_inside_logs_its_value(constant, place):
+    make, value = CONSTANTS[constant]
+
+    def f(x):
+        PLACES[place](lambda i: lox.log({"c": make()}, step=i))
+        return x + 1
+
+    n = EVENTS[place]
+    want = lox.logdict({"c": np.stack([value] * n)}, steps={"step": {"c": np.arange(n, dtype=np.int32)}})
+    for spooled in (lox.spool(f), jax.jit(lox.spool(f))):
+        out, logs = spooled(1.0)
+        assert float(out) == 2.0
+        assert_logs_equal(logs, want)
+    for buffer in (None, 2):
+        events = []
+        lox.tap(f, events.append, buffer=buffer)(1.0)
+        assert_logs_equal(tapped(events), want)
+    assert float(lox.nolog(f)(1.0)) == 2.0
+
+
+def test_a_constant_logged_under_vmap_is_each_elements():
+    def f(x):
+        lox.log({"c": jnp.asarray(0.5), "x": x}, step=1)
+        return x
+
+    _, logs = jax.vmap(lox.spool(f))(jnp.arange(3.0))
+    np.testing.assert_array_equal(logs["c"], np.full((3, 1), 0.5, np.float32))
+    _, logs = lox.spool(jax.vmap(f))(jnp.arange(3.0))
+    np.testing.assert_array_equal(logs["c"], np.full((1, 3), 0.5, np.float32))
