@@ -195,8 +195,11 @@ class logdict(dict[str, Any]):
         return [name for name, per_key in self._steps.items() if key in per_key]
 
     # --- algebra -----------------------------------------------------------------
-    def __add__(self, other: logdict) -> logdict:
-        """Concatenate series key by key (events of `self` first), with their steps."""
+    def __add__(self, other: logdict | Event) -> logdict:
+        """Concatenate series key by key (events of `self` first), with their
+        steps; an `Event` adds as the one-event logdict it stands for."""
+        if isinstance(other, Event):
+            other = other.to_logdict()
         if not isinstance(other, logdict):
             return NotImplemented
         return concat([self, other])
@@ -498,8 +501,9 @@ class Event(dict[str, Any]):
 
     ``event.step`` (or any step name as an attribute) is the step the event
     was logged at; ``event.steps`` holds them all. `to_logdict` gives the
-    event as a one-event `lox.logdict`, the form spooled logs take, so events
-    collected from a tap add up to what `lox.spool` returns.
+    event as a one-event `lox.logdict`, the form spooled logs take, and an
+    event adds (``+``) as that logdict: events collected from a tap add up to
+    what `lox.spool` returns (``sum(events, lox.logdict())``).
 
     >>> import numpy as np, lox
     >>> event = lox.Event({"loss": np.float32(0.5)}, step=3)
@@ -509,6 +513,9 @@ class Event(dict[str, Any]):
     (0.5, 3, {'step': 3})
     >>> event.to_logdict()["loss"].shape
     (1,)
+    >>> logs = sum([event, lox.Event({"loss": np.float32(0.25)}, step=4)], lox.logdict())
+    >>> logs["loss"].tolist(), logs.step["loss"].tolist()
+    ([0.5, 0.25], [3, 4])
     """
 
     __slots__ = ("steps",)
@@ -528,6 +535,22 @@ class Event(dict[str, Any]):
 
     def __getattr__(self, name: str) -> Any:
         return _step_named(object.__getattribute__(self, "steps"), name, "this event")
+
+    # --- algebra: an event adds as the one-event logdict it stands for ---------------
+    def __add__(self, other: logdict | Event) -> logdict:
+        """``event + other``: the logdict of this event's series followed by
+        `other`'s (an `Event` or a `lox.logdict`), with their steps."""
+        if not isinstance(other, (logdict, Event)):
+            return NotImplemented
+        return self.to_logdict() + other
+
+    def __radd__(self, other: logdict | int) -> logdict:
+        """``logs + event``, and ``0 + event`` so that ``sum(events)`` adds up too."""
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            return self.to_logdict()
+        if not isinstance(other, logdict):
+            return NotImplemented
+        return other + self.to_logdict()
 
     def to_logdict(self) -> logdict:
         """The event as a one-event `lox.logdict`: every value and step with a

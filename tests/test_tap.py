@@ -417,3 +417,74 @@ def test_a_per_event_callback_serves_a_buffered_tap_through_events():
         for keys in (["start"], ["loss", "acc"], ["w"], ["end"]):
             same([e for e in split if list(e) == keys], [e for e in by_hand if list(e) == keys])
         assert len(split) == len(by_hand)
+
+
+# --- events add, with `+`, to what `lox.spool` returns (the earlier lox's pattern) -------
+def _in_cond(xs):
+    def taken(xs):
+        lox.log({"big": xs.max()}, step=1)
+        return xs * 2
+
+    def other(xs):
+        lox.log({"big": xs.min()}, step=2)
+        return xs
+
+    return jax.lax.cond(xs.sum() > 0, taken, other, xs).sum()
+
+
+def _under_grad(xs):
+    def loss(w):
+        lox.log({"w": w, "loss": jnp.sum((xs * w) ** 2)}, step=3)
+        return jnp.sum((xs * w) ** 2)
+
+    return jax.grad(loss)(1.5)
+
+
+def _in_nested_jit(xs):
+    return jax.jit(program)(xs) + jax.jit(lambda x: (lox.log({"inner": x * 3}, epoch=7), x)[1])(xs).sum()
+
+
+PROGRAMS = {  # each function, with its events by hand
+    "top level and scan": (program, program_by_hand),
+    "cond": (_in_cond, lambda xs: shared.logs_of_events([({"big": np.max(xs)}, {"step": 1})])),
+    "nested jit": (_in_nested_jit, lambda xs: program_by_hand(xs) + shared.logs_of_events(
+        [({"inner": np.asarray(xs) * 3}, {"epoch": 7})])),
+    "grad": (_under_grad, lambda xs: shared.logs_of_events(
+        [({"w": 1.5, "loss": np.sum((np.asarray(xs) * 1.5) ** 2)}, {"step": 3})])),
+    # Each element's events by hand, the vmap axis after the event axis (as `spool` of a vmap puts it).
+    "vmap": (jax.vmap(program), lambda xs: jax.tree_util.tree_map(lambda *a: np.stack(a, axis=1),
+                                                                  *[program_by_hand(row) for row in xs])),
+}
+
+
+@pytest.mark.parametrize("buffer", [None, 3])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_events_accumulated_with_plus_equal_the_spooled_logs(name, buffer):
+    fun, by_hand = PROGRAMS[name]
+    xs = np.arange(1.0, 5.0, dtype=np.float32) if name != "vmap" else np.array([[1, 2, 3, 4], [2, 2, 1, 5]], np.float32)
+    total = lox.logdict({})
+
+    def callback(event):
+        nonlocal total
+        total = total + event
+
+    lox.tap(fun, callback=callback, buffer=buffer)(jnp.asarray(xs))  # Events, or blocks (logdicts)
+    _, spooled = lox.spool(fun)(jnp.asarray(xs))
+    # Key by key, steps and dtypes included; and both equal the events by hand.
+    shared.assert_logs_equal(total, spooled)
+    assert_logs_equal(total, by_hand(xs))
+
+
+def test_events_add_like_the_one_event_logdicts_they_stand_for():
+    events = []
+    lox.tap(program, events.append)(jnp.arange(1.0, 4.0))
+    want = shared.tapped(events)
+    shared.assert_logs_equal(sum(events, lox.logdict()), want)
+    shared.assert_logs_equal(sum(events), want)
+    shared.assert_logs_equal(events[0] + events[1], events[0].to_logdict() + events[1].to_logdict())
+    shared.assert_logs_equal(events[0] + shared.tapped(events[1:]), want)
+    shared.assert_logs_equal(shared.tapped(events[:-1]) + events[-1], want)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        events[0] + {"c": 1.0}  # a plain dict has no steps: not a logdict
+    with pytest.raises(TypeError, match="unsupported operand"):
+        events[0] + 1
