@@ -171,12 +171,16 @@ class Logger:
                 numbers[index] = run.index
             return numbers
 
-        run = jax.pure_callback(
-            open_runs, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce, vmap_method="broadcast_all"
-        )
-        if not traced(run):
-            # Called eagerly under `jax.set_mesh`, the callback returns an array whose
-            # placement (an XLA "maximal" sharding) later programs refuse as an input.
+        def opened(seed, dynamic, nonce):
+            run = jax.pure_callback(
+                open_runs, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce, vmap_method="broadcast_all"
+            )
+            return _replicated(run)
+
+        # In a program of its own (inlined into the caller's jit), so that eager
+        # calls, vmapped or not, get their result replicated as well.
+        run = jax.jit(opened)(seed, dynamic, nonce)
+        if not traced(run):  # a host value, placed as arrays made here are (also under `jax.disable_jit`)
             run = jnp.asarray(np.asarray(run))
         return LoggerState(run)
 
@@ -485,6 +489,19 @@ class Logger:
         self._router.stop()
         for outlet in self._outlets:
             outlet.stop()
+
+
+def _replicated(x: jax.Array) -> jax.Array:
+    """`x` replicated over the mesh of `jax.set_mesh`, if one is set. A host
+    callback's result is placed on the first device only (an XLA "maximal"
+    sharding), and a program whose output keeps that placement hands back an
+    array that later programs under a mesh refuse as an input."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.manual_axes or _compat.staging_trace() is None:  # in a shard_map: per device
+        return x
+    if all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return jax.sharding.reshard(x, jax.sharding.PartitionSpec())  # explicit axes take no constraint
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec())
 
 
 def _names(backends: list[hooks.Backend]) -> list[str]:
