@@ -97,6 +97,33 @@ def log_calls():
         row(f"{n} log calls: lox.spool", f"{t['spool']:.2f} s", t["spool"] / t["hand"], "target <= 1.4")
 
 
+def dispatch():
+    print("Per-call dispatch of jax.jit(f) where f calls lox.log, the default 'off' (a step left with its logs)")
+    x = jnp.ones(8)
+
+    def logged(x):
+        lox.log({"x": x.sum()}, step=1)
+        return x * 2
+
+    def by_hand(x):
+        return x * 2
+
+    plain, nolog, spooled, hand = jax.jit(logged), jax.jit(lox.nolog(logged)), jax.jit(lox.spool(logged)), \
+        jax.jit(by_hand)
+    for f in (plain, nolog, spooled, hand):
+        block(f(x))
+    calls = 2_000
+    loop = lambda f: lambda: [f(x) for _ in range(calls)] and block(f(x))  # noqa: E731
+    t = side_by_side({"hand": loop(hand), "nolog": loop(nolog), "plain": loop(plain), "spool": loop(spooled)},
+                     reps=3, rounds=9)
+    per_call = {name: seconds / (calls + 1) * 1e6 for name, seconds in t.items()}
+    row("jax.jit(f without the log), by hand", f"{per_call['hand']:.2f} us")
+    row("jax.jit(lox.nolog(f))", f"{per_call['nolog']:.2f} us", t["nolog"] / t["hand"])
+    row("jax.jit(f) with lox.log, default off", f"{per_call['plain']:.2f} us", t["plain"] / t["hand"])
+    row("  the same, as a ratio to jax.jit(lox.nolog(f))", "", t["plain"] / t["nolog"], "target <= 1.1")
+    row("jax.jit(lox.spool(f)) (logs returned)", f"{per_call['spool']:.2f} us", t["spool"] / t["hand"])
+
+
 def compile_growth():
     print("Compile time on CPU, elementwise chain of n ops logged every 10 ops (XLA duplicates the chain)")
     x = jnp.ones(64)
@@ -515,7 +542,7 @@ def frameworks():
 
 
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
-            "log_calls": log_calls, "tap": tap, "buffer": buffer, "while": while_loops, "devices": devices,
+            "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops, "devices": devices,
             "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets, "trackers": trackers,
             "tensorboard": tensorboard, "frameworks": frameworks}
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
+from jax._src import config as _config
 from jax._src import core, effects, linear_util, source_info_util
 from jax._src import debugging as _debugging
 from jax._src import distributed as _distributed
@@ -65,6 +66,38 @@ for _set in (
     effects.partial_eval_kept_effects,
 ):
     _set.add_type(LogEffect)
+
+
+# --- What a trace of `lox.log` depends on ----------------------------------------
+# A `lox.log` that nothing would see (no lox transform is tracing, the default
+# is "off") binds nothing, so that a plain `jax.jit` of code that logs has no
+# effect and keeps JAX's fast dispatch path. Both settings are JAX
+# configuration states in the trace context, so JAX traces a function again
+# when they change: a `jax.jit`ted function traced outside any transform is
+# traced anew inside `lox.spool` (where its logs are bound), and every
+# function after `lox.set_default` (in the jit key: compiled functions too).
+capturing_state = _config.bool_state(
+    "lox_capturing", False, "Set by lox's transforms while they trace a function.",
+    include_in_trace_context=True,
+)
+default_output_state = _config.enum_state(
+    "lox_default_output", ["console", "off"], "console", "What `lox.log` does with no lox transform around it.",
+    include_in_jit_key=True, include_in_trace_context=True,
+)
+
+
+def capturing():
+    """Within: traces made belong to a lox transform (every `lox.log` binds)."""
+    return capturing_state(True)
+
+
+def set_default_output(mode: str) -> None:
+    jax.config.update("lox_default_output", mode)
+
+
+def logs_seen() -> bool:
+    """Whether a `lox.log` now would be seen: a lox transform is tracing, or the default prints."""
+    return capturing_state.value or default_output_state.value == "console"
 
 
 # The effects of `jax.debug.callback`, which lox's host calls share so that their

@@ -8,32 +8,37 @@ import threading
 
 import numpy as np
 
+from lox_core import _compat
+
 _MODES = ("console", "off")
-_mode = os.environ.get("LOX_DEFAULT", "console").strip().lower() or "console"
-if _mode not in _MODES:
-    raise ValueError(f"LOX_DEFAULT={_mode!r} is not a valid setting: use one of {', '.join(_MODES)}.")
+_initial = os.environ.get("LOX_DEFAULT", "console").strip().lower() or "console"
+if _initial not in _MODES:
+    raise ValueError(f"LOX_DEFAULT={_initial!r} is not a valid setting: use one of {', '.join(_MODES)}.")
+_compat.set_default_output(_initial)
 
 
 def set_default(mode: str) -> None:
     """Choose what `lox.log` does outside `spool`/`tap`/`nolog`.
 
-    ``"console"`` (the default) prints each event; ``"off"`` does nothing. The
-    environment variable ``LOX_DEFAULT`` sets the initial value. Functions that
-    were compiled while the default was ``"console"`` keep their host callback
-    but print nothing once it is ``"off"``.
+    ``"console"`` (the default) prints each event; ``"off"`` does nothing:
+    a `jax.jit` of code that logs then compiles to what it would without the
+    logs and dispatches as fast (`spool`, `tap` and `nolog` still see every
+    log). The environment variable ``LOX_DEFAULT`` sets the initial value.
+    The setting applies to functions compiled before it too: JAX traces and
+    compiles a jitted function again at its next call after the default
+    changed (once per setting; the compiled versions stay cached).
 
     >>> import lox
     >>> lox.set_default("off")
     >>> lox.set_default("console")
     """
-    global _mode
     if mode not in _MODES:
         raise ValueError(f"unknown default {mode!r}: use one of {', '.join(_MODES)}.")
-    _mode = mode
+    _compat.set_default_output(mode)
 
 
 def default_enabled() -> bool:
-    return _mode == "console"
+    return _compat.default_output_state.value == "console"
 
 
 # Devices call back from threads of their own (inside `shard_map`): one whole line at a time.

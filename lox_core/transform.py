@@ -11,7 +11,7 @@ import jax
 import jax.core
 import numpy as np
 
-from lox_core import arguments
+from lox_core import _compat, arguments
 from lox_core.interpreter import Handler, interpret
 from lox_core.logdict import logdict
 from lox_core.options import NologOptions, SpoolOptions, TapOptions
@@ -63,15 +63,19 @@ def trace_and_interpret(fun: Callable, handler: Handler, args: tuple, kwargs: di
         found[:] = [rebuild, None if changes is None else (changes.paths, changes.static)]
         return out_arrays, [] if changes is None else changes.arrays
 
-    closed = jax.make_jaxpr(flat_fun)(*[leaves[i] for i in dynamic])
-    rebuild, changed = found
-    with handler.session():
-        if carried is not None:
-            handler.resume(carried)
-        outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
-        n = len(outs) - (0 if changed is None else len(changed[0]))
-        changes = None if changed is None else arguments.Changes(changed[0], outs[n:], changed[1], handler.name)
-        return Interpreted(rebuild(outs[:n]), logs, None if carried is None else handler.carry(), changes)
+    # Every `lox.log` traced here binds, in nested jits too (which JAX traces
+    # anew in this context) and in custom derivative rules traced while the
+    # program is rebuilt.
+    with _compat.capturing():
+        closed = jax.make_jaxpr(flat_fun)(*[leaves[i] for i in dynamic])
+        rebuild, changed = found
+        with handler.session():
+            if carried is not None:
+                handler.resume(carried)
+            outs, logs = interpret(handler, closed.jaxpr, closed.consts, [leaves[i] for i in dynamic])
+            n = len(outs) - (0 if changed is None else len(changed[0]))
+            changes = None if changed is None else arguments.Changes(changed[0], outs[n:], changed[1], handler.name)
+            return Interpreted(rebuild(outs[:n]), logs, None if carried is None else handler.carry(), changes)
 
 
 # id(fun) → (weak reference to fun, {config: Program}). Keyed by identity, not

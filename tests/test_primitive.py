@@ -75,6 +75,52 @@ def test_set_default_off_silences_the_default(capsys):
         lox.set_default("file")
 
 
+def _step(x):
+    lox.log({"x": x.sum()}, step=1)
+    jax.lax.scan(lambda c, i: (lox.log({"c": c}, step=i), (c + 1.0, None))[1], x[0], jnp.arange(3))
+    return x * 2
+
+
+def _step_events(x):
+    return lox.logdict({"x": np.array([x.sum()]), "c": x[0] + np.arange(3, dtype=np.float32)},
+                       steps={"step": {"x": np.array([1], np.int32), "c": np.arange(3, dtype=np.int32)}})
+
+
+def test_with_the_default_off_a_plain_jit_has_no_log_left_and_transforms_still_see_every_log(capsys):
+    from logs_testing import assert_logs_equal, tapped
+
+    x = jnp.arange(1.0, 4.0)
+    lox.set_default("off")
+    try:
+        # What `jax.jit` compiles: no effect, so JAX's fast dispatch path; the returned event is still computed.
+        closed = jax.make_jaxpr(_step)(x)
+        assert not closed.effects and "lox_log" not in str(closed)
+        assert jax.jit(lambda x: lox.log({"x": x}, step=2).step["x"][0] + 1)(x).tolist() == 3
+        step = jax.jit(_step)
+        np.testing.assert_array_equal(step(x), 2 * x)
+        # Already traced and compiled without its logs, it is traced anew inside every transform.
+        for spooled in (lox.spool(step), jax.jit(lox.spool(step))):
+            _, logs = spooled(x)
+            assert_logs_equal(logs, _step_events(np.asarray(x)))
+        events = []
+        lox.tap(step, events.append)(x)
+        assert_logs_equal(tapped(events), _step_events(np.asarray(x)))
+        assert "lox_log" not in str(jax.make_jaxpr(lox.nolog(step))(x))
+        # `set_default` applies to functions compiled before it: the next call compiles them again.
+        lox.set_default("console")
+        step(x)
+        jax.effects_barrier()
+        assert capsys.readouterr().out.splitlines() == ["[step=1] x=6", "[step=0] c=1", "[step=1] c=2",
+                                                        "[step=2] c=3"]
+        lox.set_default("off")
+        step(x)
+        jax.effects_barrier()
+        assert capsys.readouterr().out == ""
+    finally:
+        lox.set_default("console")
+    assert jax.make_jaxpr(_step)(x).effects  # with the console default the log is in the program
+
+
 def run_python(code: str, **env):
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
