@@ -15,6 +15,7 @@ import numpy as np
 
 from lox_backends.hooks import RunInfo
 from lox_core import schema
+from lox_core.arrow import series_leaves
 from lox_core.logdict import NO_STEP, logdict
 
 _NONE = np.iinfo(np.int64).min  # no step yet
@@ -26,6 +27,7 @@ class LogChecks:
 
     def __init__(self) -> None:
         self._kinds: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # series → (dtype, event shape)
+        self._owners: dict[str, str] = {}  # series → the key that gives it (key/path names)
         self._last_steps: dict[str, np.ndarray] = {}  # key → highest step sent, by run number
         self._warned: set[tuple[int, str]] = set()
 
@@ -47,10 +49,16 @@ class LogChecks:
 
     def _check_kinds(self, logs: logdict, batch_ndim: int) -> None:
         """A key keeps one dtype and event shape in all of a logger's runs (so that
-        its series stay one array)."""
+        its series stay one array), and no two keys give one series name (the
+        ``key/path`` of a pytree's leaves, what trackers name the metrics)."""
         for key, value in logs.items():
-            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-                name = key + jax.tree_util.keystr(path)
+            for name, leaf in series_leaves(key, value):
+                owner = self._owners.setdefault(name, key)
+                if owner != key:
+                    raise ValueError(
+                        f"lox logger: key {key!r} gives the series {name!r}, which key {owner!r} gave before "
+                        "(a pytree's leaves are named key/path, in files and trackers); rename one of the keys."
+                    )
                 dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
                 kind = (dtype, tuple(np.shape(leaf)[batch_ndim + 1 :]))
                 known = self._kinds.setdefault(name, kind)

@@ -13,8 +13,8 @@ import pyarrow as pa
 
 from lox_backends import hooks
 from lox_backends.config import check_options
-from lox_core.arrow import from_arrow
-from lox_core.logdict import concat, logdict
+from lox_core.arrow import concat_read, from_arrow
+from lox_core.logdict import logdict
 
 
 class MemoryBackend(hooks.Backend):
@@ -88,7 +88,8 @@ class MemoryBackend(hooks.Backend):
         `run_id` may be left out when the backend holds exactly one run.
         """
         parts = [from_arrow(table) for table in self.writes[self._run_id(run_id)]]
-        return concat(parts) if parts else logdict()
+        return concat_read(parts) if parts else logdict()
+
     def _run_id(self, run_id: str | None) -> str:
         if run_id is None:
             if len(self.runs) == 1:

@@ -67,7 +67,7 @@ from lox_backends.store import (
     runs,
 )
 from lox_core import schema
-from lox_core.arrow import scalars_only
+from lox_core.arrow import TREES_METADATA, scalars_only
 
 __all__ = [
     "ParquetBackend", "LogListener", "write_table", "check_writable", "load", "runs", "DEFAULT_DIR", "TIME_METADATA",
@@ -254,19 +254,24 @@ class ParquetBackend(hooks.Backend):
     def _write_pending(self, group: _Group) -> None:
         """What arrived since the last file, as few files as possible: each run's
         tables in arrival order, runs one after the other, a new file only where
-        the schema changes (a training loop's tables all have one)."""
+        the schema changes (a training loop's tables all have one). Tables whose
+        keys hold different pytrees (``lox.trees``) share a file, which
+        describes them all, unless they give one key different structures."""
         pending, group.pending, group.pending_rows = group.pending, {}, 0
         part: list[tuple[str, pa.Table]] = []
+        trees: dict[str, Any] = {}
         for run_id, tables in pending.items():
             for table in tables:
-                if part and not table.schema.equals(part[0][1].schema, check_metadata=True):
-                    self._write_file(group, part)
-                    part = []
+                these = _trees(table)
+                if part and not _joinable(table, part[0][1], these, trees):
+                    self._write_file(group, part, trees)
+                    part, trees = [], {}
                 part.append((run_id, table))
+                trees.update(these)
         if part:
-            self._write_file(group, part)
+            self._write_file(group, part, trees)
 
-    def _write_file(self, group: _Group, part: list[tuple[str, pa.Table]]) -> None:
+    def _write_file(self, group: _Group, part: list[tuple[str, pa.Table]], trees: dict[str, Any]) -> None:
         rows: dict[str, list[int]] = {}
         start = 0
         for run_id, table in part:
@@ -279,6 +284,8 @@ class ParquetBackend(hooks.Backend):
         # the same each time it is sent.
         metadata = {**(table.schema.metadata or {}), TIME_METADATA: str(int(time.time() * 1000)).encode(),
                     RUNS_METADATA: json.dumps(rows).encode()}
+        if trees:  # the structures of every table's keys
+            metadata[_TREES] = json.dumps(trees).encode()
         if scalars_only(table):
             metadata[SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
         table = table.replace_schema_metadata(metadata)
@@ -402,6 +409,30 @@ class _Group:
 
 
 # --- helpers ---------------------------------------------------------------------------
+_TREES = TREES_METADATA.encode()
+
+
+def _trees(table: pa.Table) -> dict[str, Any]:
+    """The pytree structures of a table's keys (``lox.trees``)."""
+    found = (table.schema.metadata or {}).get(_TREES)
+    return json.loads(found) if found else {}
+
+
+def _joinable(table: pa.Table, first: pa.Table, these: dict[str, Any], trees: dict[str, Any]) -> bool:
+    """Whether `table` (its keys' pytrees `these`) can share a file with `first`
+    and the tables after it (their pytrees `trees`): one schema, metadata but
+    ``lox.trees`` included, and no key of two structures."""
+    if these or trees:
+        if any(trees.get(key, tree) != tree for key, tree in these.items()):
+            return False
+        return _without_trees(table.schema).equals(_without_trees(first.schema), check_metadata=True)
+    return table.schema.equals(first.schema, check_metadata=True)
+
+
+def _without_trees(schema: pa.Schema) -> pa.Schema:
+    return schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k != _TREES})
+
+
 def _check_name(name: str, what: str, hidden: tuple[str, ...] = (".",)) -> None:
     separators = {"/", "\\", os.sep, os.altsep} - {None}
     if (

@@ -11,6 +11,7 @@ import numpy as np
 from lox_backends import storage
 from lox_backends.store import load
 from lox_backends.store import runs as saved_runs
+from lox_core.arrow import flatten_keys
 from lox_core.logdict import NO_STEP, event_count, logdict
 
 DEFAULT_STEP = "step"
@@ -35,7 +36,9 @@ def plot_runs(
     is in a bucket). Positive series get a log scale.
 
     `runs` (names, ``GROUP/NAME`` or run ids), `groups` (group ids) and
-    `run_ids` choose the runs plotted; `smoothing` and `title`: see `plot_figure`."""
+    `run_ids` choose the runs plotted; `smoothing` and `title`: see `plot_figure`.
+    A key logged as a pytree is plotted leaf by leaf, each named ``key/path``
+    (``norms/l1/kernel``)."""
     path = os.fspath(path)
     figure = plot_figure(path, key=key, step=step, run_ids=run_ids, runs=runs, groups=groups, smoothing=smoothing,
                          title=title)
@@ -89,6 +92,7 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     if single and len(infos) == 1:
         by_run = {next(iter(infos)): loaded}
     by_run = _choose(path, by_run, infos, run_ids, runs, groups)
+    by_run = {run: flatten_keys(logs) for run, logs in by_run.items()}  # keys as key/path series
 
     curves = [(k, _runs_with(path, by_run, infos, k, step)) for k in keys]
     indexed = [k for k, (_, against_index) in curves if against_index]

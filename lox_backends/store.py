@@ -18,7 +18,9 @@ run's rows together. Its schema metadata also holds ``lox.runs`` (run id →
 [first row, rows]) and ``lox.time_ms``, when it was written (Unix
 milliseconds), the timestamp trackers give its values, and ``lox.scalars``
 is ``"1"`` when every row holds a scalar in ``value`` (`load` then skips the
-``shape`` and ``data`` columns). Files are ordered by
+``shape`` and ``data`` columns); ``lox.trees`` (``lox_core.arrow``) holds
+the pytree structure of the keys of every table written into it, so that a
+key logged as a pytree loads as one. Files are ordered by
 their sequence number; the eight random hex digits keep two writers apart
 that would otherwise pick the same name. So the number of files grows with
 the number of flushes, not with the number of runs.
@@ -60,8 +62,8 @@ import pyarrow.parquet as pq
 
 from lox_backends import storage
 from lox_backends.storage import fsync as fsync
-from lox_core.arrow import StepRows, from_arrow, from_arrow_runs
-from lox_core.logdict import concat, logdict
+from lox_core.arrow import StepRows, concat_read, from_arrow, from_arrow_runs
+from lox_core.logdict import logdict
 
 DEFAULT_DIR = "lox-runs"
 RUN_FILE = "_run.json"
@@ -214,7 +216,7 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     group = _batches_folder(folder, info)
     if groups is not None and group is not None:
         parts += groups.parts(group, info.get("run_id", storage.basename(folder)))
-    return parts[0] if len(parts) == 1 else concat(parts) if parts else logdict()
+    return concat_read(parts) if parts else logdict()
 
 
 def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:

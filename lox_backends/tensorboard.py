@@ -266,7 +266,7 @@ class _RunWriter:
         histograms = []
         rows = arrays(batch.table)
         if rows.num_rows:
-            logs = from_arrow(rows)
+            logs = from_arrow(rows, flat=True)  # tags are named key/path
             primary = schema.primary_step(schema.step_names(rows))
             names = sorted(schema.step_names(rows), key=lambda name: name != primary)  # stable: primary first
             for key, series in logs.items():

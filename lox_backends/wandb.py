@@ -235,7 +235,7 @@ class _WandbRun:
 
     def rows(self, batch: Batch) -> list[tuple[int, dict]]:
         """The rows of a batch: (W&B step, {key: value}), in increasing step order."""
-        logs = from_arrow(batch.table)
+        logs = from_arrow(batch.table, flat=True)  # metrics are named key/path
         primary = schema.primary_step(n for n in batch.table.column_names if n in logs.steps)
         by_key = logs.steps.get(primary, {}) if primary else {}
         floor = self.start if self.step is None else self.step  # W&B drops rows below it

@@ -56,6 +56,19 @@ Schema metadata, JSON values:
     "steps": [str]}`` for the series with no events, which have no rows: they
     come back with zero events, at that position among the series, with those
     step names.
+``lox.trees``
+    Only in tables with a pytree-valued key (files of earlier lox lack it;
+    readers that ignore it read such keys flat). Key -> the structure of its
+    pytree, so that `from_arrow` rebuilds it from the key's ``key/path``
+    series: a leaf (one series) is ``null``; a dict (string keys) is
+    ``{"dict": {k: tree, ...}}``, in the logdict's key order; a list
+    ``{"list": [tree, ...]}``; a tuple ``{"tuple": [tree, ...]}``; None
+    ``{"none": null}``. E.g. ``{"norms": {"dict": {"l1": {"dict": {"kernel":
+    null}}}}}`` for ``lox.log({"norms": {"l1": {"kernel": x}}})``. A key whose
+    pytree has another node (a custom class, a namedtuple, a dict with
+    non-string keys) or no leaf is not listed. A batch file that holds
+    several tables lists the keys of all of them; a key's series that are not
+    all there, or not at the same steps, are read flat.
 
 Reading
 -------
@@ -75,9 +88,14 @@ What round-trips: everything, exactly, but for these.
 
 * A pytree-valued key becomes one series per leaf, named ``key/path``: dict
   keys, sequence indices and attribute names joined by ``/``, e.g.
-  ``{"grad": {"w": ..., "b": [...]}}`` gives ``grad/b/0`` and ``grad/w``. They
-  come back flattened under those names. (A key ``"grad/w"`` beside it would
-  give the same name: `to_arrow` refuses that.)
+  ``{"grad": {"w": ..., "b": [...]}}`` gives ``grad/b/0`` and ``grad/w``
+  (`series_leaves`). A key ``"grad/w"`` beside it would give the same name:
+  `to_arrow` refuses that, naming both keys. The key comes back as the
+  pytree it was (``logs["grad"]["b"][0]``, its steps ``logs.step["grad"]``)
+  through ``lox.trees``; with ``flat=True`` (trackers), and where a node is
+  not a dict, list, tuple or None (a namedtuple, a registered class), or in
+  a table without ``lox.trees`` (earlier lox), as its series
+  (``logs["grad/b/0"]``), each with the key's steps.
 * A NaN in the ``value`` column comes back a NaN of the same sign, but not
   always with its payload bits (bfloat16 NaNs come back canonical, signalling
   NaNs quiet). Values in ``data`` come back bit for bit.
@@ -100,6 +118,12 @@ What round-trips: everything, exactly, but for these.
 >>> back = from_arrow(table)
 >>> back["w"].shape, back.step["loss"].tolist(), "w" in back.step
 ((2, 3), [10, 20], False)
+>>> nested = lox.logdict({"norms": {"l1": {"kernel": np.ones(2)}}}, {"step": {"norms": np.array([0, 1])}})
+>>> table = to_arrow(nested)
+>>> table.column("key").to_pylist(), table.schema.metadata[b"lox.trees"]
+(['norms/l1/kernel', 'norms/l1/kernel'], b'{"norms": {"dict": {"l1": {"dict": {"kernel": null}}}}}')
+>>> from_arrow(table)["norms"]["l1"]["kernel"].tolist(), list(from_arrow(table, flat=True))
+([1.0, 1.0], ['norms/l1/kernel'])
 """
 
 from __future__ import annotations
@@ -115,12 +139,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lox_core import schema
-from lox_core.logdict import NO_STEP, logdict, steps_per_event
+from lox_core.logdict import NO_STEP, concat, logdict, steps_per_event
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
+TREES_METADATA = "lox.trees"  # key -> its pytree structure, for the keys that hold pytrees
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -177,6 +202,9 @@ def _table(logs: logdict, run: str | None) -> tuple[pa.Table, np.ndarray]:
             }
         ),
     }
+    trees = {key: tree for key, value in logs.items() if (tree := _tree(value)) is not None}
+    if trees:  # only where a key holds a pytree: other tables stay as earlier lox wrote them
+        metadata[TREES_METADATA] = json.dumps(trees)
     types = {"run": _DICT, "key": _DICT, "value": pa.float64(), "dtype": _DICT,
              "shape": pa.list_(pa.int32()), "data": pa.large_binary()}
     fields = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
@@ -246,18 +274,187 @@ def _series(logs: logdict) -> list[_Series]:
     seen: dict[str, str] = {}
     for key, value in logs.items():
         steps = {name: np.asarray(per_key[key]) for name, per_key in logs.steps.items() if key in per_key}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            name = "/".join([key, *(_path_part(p) for p in path)])
-            if name in seen:
-                raise ValueError(
-                    f"key {key!r} and key {seen[name]!r} both give a series named {name!r} "
-                    "(pytree leaves are named key/path); rename one of the keys."
-                )
-            seen[name] = key
+        for name, leaf in series_leaves(key, value):
+            _check_unique(name, key, seen)
             values = _host(name, leaf)
             batch_ndim = _batch_ndim(name, values, steps)
             out.append(_Series(name, values, {n: _step_per_event(name, n, s) for n, s in steps.items()}, batch_ndim))
     return out
+
+
+def series_leaves(key: str, value) -> list[tuple[str, Any]]:
+    """The series a key's value gives, as ``(name, leaf)``: the key itself for
+    an array, ``key/path`` for each leaf of a pytree (dict keys, sequence
+    indices and attribute names joined by ``/``), in the order of
+    `jax.tree_util.tree_leaves`. These are the names of the Arrow ``key``
+    column, trackers' metrics and `lox plot --key`.
+
+    >>> import numpy as np
+    >>> [name for name, _ in series_leaves("norms", {"l1": {"kernel": np.zeros(2)}, "b": [np.ones(2)]})]
+    ['norms/b/0', 'norms/l1/kernel']
+    """
+    return [("/".join([key, *(_path_part(p) for p in path)]), leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]]
+
+
+def _check_unique(name: str, key: str, seen: dict[str, str]) -> None:
+    """Refuse a series name that an earlier leaf gave (`seen`: name -> its key)."""
+    if name in seen:
+        other = "another of its leaves" if seen[name] == key else f"key {seen[name]!r}"
+        raise ValueError(
+            f"key {key!r} and {other} both give a series named {name!r} "
+            "(pytree leaves are named key/path); rename one of the keys."
+        )
+    seen[name] = key
+
+
+def flatten_keys(logs: logdict, keys=None) -> logdict:
+    """`logs` with each pytree-valued key (of `keys`, or every key) replaced by
+    its ``key/path`` series (`series_leaves`), each with the key's steps: the
+    flat names the Arrow ``key`` column and trackers use, as
+    ``from_arrow(table, flat=True)`` gives them.
+
+    >>> import numpy as np, lox
+    >>> logs = lox.logdict({"norms": {"l1": np.array([1.0, 2.0])}}, {"step": {"norms": np.array([0, 1])}})
+    >>> flat = flatten_keys(logs)
+    >>> list(flat), flat.step["norms/l1"].tolist()
+    (['norms/l1'], [0, 1])
+    """
+    data: dict[str, Any] = {}
+    steps: dict[str, dict[str, Any]] = {name: {} for name in logs.steps}
+    valid: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for key, value in logs.items():
+        leaves = series_leaves(key, value) if keys is None or key in keys else [(key, value)]
+        for name, leaf in leaves:
+            _check_unique(name, key, seen)
+            data[name] = leaf
+            for step_name, per_key in logs.steps.items():
+                if key in per_key:
+                    steps[step_name][name] = per_key[key]
+            if key in logs.valid:
+                valid[name] = logs.valid[key]
+    return logdict(data, steps, valid=valid, dropped={name: logs.dropped[seen[name]] for name in valid})
+
+
+def concat_read(parts: list[logdict]) -> logdict:
+    """One run's logdicts read from its tables (files, batches), concatenated
+    in order. A key that comes back with different pytree structures from
+    different tables (logged with different structures, or read from files
+    without ``lox.trees``) is flattened to its ``key/path`` series in all of
+    them."""
+    if len(parts) == 1:
+        return parts[0]
+    structures: dict[str, set] = {}
+    for part in parts:
+        for key, value in part.items():
+            structures.setdefault(key, set()).add(jax.tree_util.tree_structure(value))
+    mixed = {key for key, found in structures.items() if len(found) > 1}
+    if mixed:
+        parts = [flatten_keys(part, mixed) for part in parts]
+    return concat(parts) if parts else logdict()
+
+
+# --- pytree structures as JSON (the lox.trees metadata) ------------------------------------
+_OPAQUE = object()  # a pytree node that JSON does not describe (a custom class, a namedtuple)
+
+
+def _tree(value) -> Any:
+    """The ``lox.trees`` description of a key's value (see the module
+    docstring); None for an array, or for a pytree without leaves or with a
+    node other than a dict of string keys, a list, a tuple or None."""
+    if isinstance(value, (np.ndarray, jax.Array)):
+        return None  # the usual key: one series, no structure
+    tree = _describe(value)
+    if tree is _OPAQUE or tree is None or not jax.tree_util.tree_leaves(value):
+        return None
+    return tree
+
+
+def _describe(value) -> Any:
+    kind = type(value)
+    if kind is dict:
+        if not all(isinstance(k, str) for k in value):
+            return _OPAQUE
+        children = {k: _describe(v) for k, v in value.items()}
+        return _OPAQUE if any(c is _OPAQUE for c in children.values()) else {"dict": children}
+    if kind is list or kind is tuple:
+        items = [_describe(v) for v in value]
+        return _OPAQUE if any(c is _OPAQUE for c in items) else {kind.__name__: items}
+    if value is None:
+        return {"none": None}
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value)):
+        return None  # an array: one series
+    return _OPAQUE
+
+
+def _tree_leaves(key: str, tree, top: str) -> list[str]:
+    """The series names of a ``lox.trees`` description (of the key `top`), as `series_leaves` names them."""
+    if tree is None:
+        return [key]
+    if isinstance(tree, dict) and len(tree) == 1:
+        ((kind, children),) = tree.items()
+        if kind == "dict" and isinstance(children, dict):
+            return [name for k, child in children.items() for name in _tree_leaves(f"{key}/{k}", child, top)]
+        if kind in ("list", "tuple") and isinstance(children, list):
+            return [name for i, child in enumerate(children) for name in _tree_leaves(f"{key}/{i}", child, top)]
+        if kind == "none":
+            return []
+    raise ValueError(
+        f"the lox.trees metadata describes key {top!r} with {json.dumps(tree)}, which is not a pytree "
+        "description (null, or an object of one of dict, list, tuple, none); remove that entry to read its "
+        "series flat."
+    )
+
+
+def _build(key: str, tree, series: Mapping[str, Any]) -> Any:
+    """The value of a key, its leaves taken from `series` by name."""
+    if tree is None:
+        return series[key]
+    ((kind, children),) = tree.items()
+    if kind == "dict":
+        return {k: _build(f"{key}/{k}", child, series) for k, child in children.items()}
+    if kind == "none":
+        return None
+    items = [_build(f"{key}/{i}", child, series) for i, child in enumerate(children)]
+    return items if kind == "list" else tuple(items)
+
+
+def _nest(trees: dict[str, Any], data: dict, steps: dict) -> tuple[dict, dict]:
+    """`data` and `steps` with the series of each key in `trees` put back into
+    the key's pytree, where all of them are there, with the same steps."""
+    owner: dict[str, str] = {}  # series name -> the key whose pytree takes it
+    for key, tree in trees.items():
+        names = _tree_leaves(key, tree, key)
+        if names and key not in data and all(n in data for n in names) and _same_steps(names, data, steps):
+            owner.update((name, key) for name in names)
+    if not owner:
+        return data, steps
+    nested: dict[str, Any] = {}
+    for name, value in data.items():
+        key = owner.get(name)
+        if key is None:
+            nested[name] = value
+        elif key not in nested:  # where its first series was
+            nested[key] = _build(key, trees[key], data)
+    by_key = {name: {} for name in steps}
+    for step_name, per_key in steps.items():
+        for name, s in per_key.items():
+            by_key[step_name].setdefault(owner.get(name, name), s)  # a key's series share its steps
+    return nested, by_key
+
+
+def _same_steps(names: list[str], data: dict, steps: dict) -> bool:
+    first = names[0]
+    if any(len(data[n]) != len(data[first]) for n in names[1:]):
+        return False
+    for per_key in steps.values():
+        if first in per_key:
+            if not all(n in per_key and np.array_equal(per_key[n], per_key[first]) for n in names[1:]):
+                return False
+        elif any(n in per_key for n in names[1:]):
+            return False
+    return True
 
 
 def _path_part(entry) -> str:
@@ -450,23 +647,26 @@ def _dtype(name: str) -> np.dtype:
 
 
 # --- Arrow -> logdict ---------------------------------------------------------------------
-def from_arrow(table: pa.Table, run: str | None = None) -> logdict:
+def from_arrow(table: pa.Table, run: str | None = None, *, flat: bool = False) -> logdict:
     """The logdict of NumPy arrays that a table of schema version 1 holds.
 
     The table may come from `to_arrow`, a Parquet file, or several runs'
     tables concatenated: then pass ``run=`` to choose one run (or use
-    `from_arrow_runs` for all of them).
+    `from_arrow_runs` for all of them). A key logged as a pytree comes back
+    as that pytree (``lox.trees``); with ``flat=True``, as its ``key/path``
+    series, the names of the ``key`` column.
     """
-    header = _Header(table)
+    header = _Header(table, flat)
     table = _select_run(table, run)
     keys, starts, counts, table = _group_by_key(table)
     return header.logdict(_Columns(table, header.step_names), keys, starts, counts)
 
 
-def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
+def from_arrow_runs(table: pa.Table, *, flat: bool = False) -> dict[str | None, logdict]:
     """Every run of a table that holds several (tables of runs concatenated,
     e.g. a batch file shared by vmapped seeds), as ``{run: logdict}`` in order
-    of first appearance: the columns are decoded once for all runs.
+    of first appearance: the columns are decoded once for all runs. `flat`:
+    as in `from_arrow`.
 
     >>> import numpy as np, lox, pyarrow as pa
     >>> a = lox.logdict({"x": np.array([1.0, 2.0])}, {"step": {"x": np.array([0, 1])}})
@@ -475,7 +675,7 @@ def from_arrow_runs(table: pa.Table) -> dict[str | None, logdict]:
     >>> {run: logs["x"].tolist() for run, logs in runs.items()}
     {'a': [1.0, 2.0], 'b': [5.0]}
     """
-    header = _Header(table)
+    header = _Header(table, flat)
     if table.num_rows == 0:
         return {}
     by_step = StepRows.of(table, header)
@@ -628,7 +828,7 @@ class StepRows:
 class _Header:
     """What a table's schema says: its step columns and the lox metadata."""
 
-    def __init__(self, table: pa.Table):
+    def __init__(self, table: pa.Table, flat: bool = False):
         missing = [c for c in schema.COLUMNS if c not in table.column_names]
         if missing:
             raise ValueError(
@@ -644,6 +844,7 @@ class _Header:
         self.step_dtypes = _json(meta, "lox.step_dtypes")
         self.batch_ndims = _json(meta, "lox.step_batch_ndim")
         self.empty_series = _json(meta, "lox.empty_series")
+        self.trees = {} if flat else _json(meta, TREES_METADATA)  # key -> its pytree structure
         self.step_names = schema.step_names(table)
         for name in self.step_names:
             if not pa.types.is_integer(table.schema.field(name).type):
@@ -675,6 +876,8 @@ class _Header:
             data = _insert(data, int(info["position"]), key, np.zeros((0, *shape), _dtype(info["dtype"])))
             for name in info["steps"]:
                 steps.setdefault(name, {})[key] = np.zeros((0, *shape[:k]), self.step_dtypes.get(name, "int64"))
+        if self.trees:
+            data, steps = _nest(self.trees, data, steps)
         # Step dicts follow the key order, as in a logdict built by lox.
         order = {key: i for i, key in enumerate(data)}
         steps = {name: dict(sorted(per_key.items(), key=lambda kv: order[kv[0]]))

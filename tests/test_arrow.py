@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lox
+from lox_core import arrow as lox_arrow
 from lox_core import schema
 from lox_core.arrow import StepRows, from_arrow, from_arrow_runs, to_arrow, to_arrow_runs
 from lox_core.logdict import concat
@@ -125,6 +126,93 @@ def test_plain_string_columns_interleaved_rows_and_chunks_read_back(logs):
     table = table.set_column(table.column_names.index("data"), "data", pc.cast(table.column("data"), pa.binary()))
     table = pa.Table.from_batches(table.to_batches(max_chunksize=5), table.schema)
     assert_same_logs(logs, from_arrow(table))
+
+
+# --- keys that hold pytrees: the structure as logged ---------------------------------------------
+INNER_KEYS = ["l1", "kernel", "0", "b", "ü", " "]
+
+
+@st.composite
+def nested_logdicts(draw):
+    """Logdicts whose keys hold pytrees of dicts, lists, tuples and None (leaves of
+    one event count per key, any dtype and shape), and some plain arrays."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    names = draw(st.lists(st.sampled_from(STEP_NAMES), unique=True, max_size=2))
+
+    def tree(n, depth):
+        kind = draw(st.sampled_from(["leaf", "dict", "list", "tuple", "none"] if depth < 3 else ["leaf"]))
+        if kind == "leaf":
+            dtype, shape = np.dtype(draw(st.sampled_from(DTYPES))), draw(st.sampled_from(SHAPES))
+            if dtype == np.bool_:
+                return rng.integers(0, 2, (n, *shape)).astype(bool)
+            raw = rng.integers(0, 256, n * int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+            return raw.view(dtype).reshape(n, *shape)
+        if kind == "none":
+            return None
+        if kind == "dict":
+            keys = draw(st.lists(st.sampled_from(INNER_KEYS), max_size=3, unique=True))
+            return {k: tree(n, depth + 1) for k in keys}
+        items = [tree(n, depth + 1) for _ in range(draw(st.integers(0, 3)))]
+        return items if kind == "list" else tuple(items)
+
+    data, steps = {}, {}
+    for key in draw(st.lists(st.sampled_from(["norms", "grad", "loss", "a", "a/b", ""]), min_size=1, max_size=3,
+                             unique=True)):
+        n = draw(st.integers(0, 6))
+        data[key] = tree(n, 0 if draw(st.booleans()) else 1)
+        for name in names:
+            if draw(st.booleans()) and jax.tree_util.tree_leaves(data[key]):
+                # In order, as a training loop logs them: ordering rows by step keeps each key's events.
+                steps.setdefault(name, {})[key] = np.sort(rng.integers(-5, 100, n)).astype(np.int32)
+    return lox.logdict(data, steps)
+
+
+def assert_same_trees(logs, back, ordered=True):
+    """`back` holds the keys of `logs` that have leaves (in order, if `ordered`),
+    each with its structure, leaves and steps."""
+    kept = [key for key in logs if jax.tree_util.tree_leaves(logs[key])]  # a pytree without leaves has no rows
+    assert list(back) == kept if ordered else sorted(back) == sorted(kept)
+    for key in kept:
+        assert jax.tree_util.tree_structure(back[key]) == jax.tree_util.tree_structure(logs[key])
+        for x, y in zip(jax.tree_util.tree_leaves(logs[key]), jax.tree_util.tree_leaves(back[key]), strict=True):
+            assert_same_bits(x, y, scalar=x.ndim == 1)
+        assert back.step_names(key) == logs.step_names(key)
+        for name in logs.step_names(key):
+            np.testing.assert_array_equal(back.steps[name][key], logs.steps[name][key])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nested_logdicts())
+def test_pytrees_round_trip_with_their_structure_and_flat_under_key_paths(tmp_path, logs):
+    try:
+        table = to_arrow(logs, run="r")
+    except ValueError as error:  # "a/b" beside {"a": {"b": ...}}: refused, naming both keys
+        assert "both give a series named" in str(error)
+        return
+    assert_same_trees(logs, from_arrow(table))
+    pq.write_table(table, tmp_path / "logs.parquet", row_group_size=3)
+    assert_same_trees(logs, from_arrow(pq.read_table(tmp_path / "logs.parquet")))
+    assert_same_logs(lox_arrow.flatten_keys(logs), from_arrow(table, flat=True))
+    # Several runs in one table, rows ordered by step as a Logger hands them over (keys interleave).
+    both = pa.concat_tables([schema.order_by_step(table), schema.order_by_step(to_arrow(logs, run="s"))])
+    for back in from_arrow_runs(both).values():
+        assert_same_trees(logs, back, ordered=False)
+
+
+def test_pytrees_read_flat_where_described_otherwise():
+    n = 2
+    logs = lox.logdict({"g": {"w": np.ones(n), "b": np.zeros(n)}}, {"step": {"g": np.array([3, 4])}})
+    table = to_arrow(logs)
+    without = table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items() if k != b"lox.trees"})
+    assert list(from_arrow(without)) == ["g/b", "g/w"]  # as earlier lox wrote them
+    # A leaf's steps that differ from its sibling's (a table edited by another tool): left flat.
+    steps = table.column("step").to_numpy().copy()
+    steps[0] = 99
+    edited = table.set_column(table.column_names.index("step"), "step", pa.array(steps))
+    assert list(from_arrow(edited)) == ["g/b", "g/w"]
+    broken = table.replace_schema_metadata({**table.schema.metadata, b"lox.trees": b'{"g": {"set": [null]}}'})
+    with pytest.raises(ValueError, match=r"lox.trees metadata describes key 'g' .*remove that entry"):
+        from_arrow(broken)
 
 
 # --- many runs at once (vmapped seeds): against one run at a time -------------------------------
@@ -284,7 +372,7 @@ def test_several_runs_concatenated_and_chosen():
     assert_same_logs(b, from_arrow(table, run="b"))
 
 
-def test_pytree_values_come_back_flattened_under_key_paths():
+def test_pytree_values_come_back_as_logged_or_flat_under_key_paths():
     Pair = collections.namedtuple("Pair", ["lo", "hi"])
     n = 3
     grad = {"w": np.arange(n * 2, dtype=np.float32).reshape(n, 2), "b": [np.arange(n), np.ones(n, np.int8)]}
@@ -292,7 +380,19 @@ def test_pytree_values_come_back_flattened_under_key_paths():
         {"grad": grad, "pair": Pair(np.zeros(n), np.ones(n)), "t": (np.arange(n, dtype=np.int16),)},
         steps={"step": {"grad": np.array([5, 6, 7])}},
     )
-    back = from_arrow(to_arrow(logs))
+    table = to_arrow(logs)
+    assert json.loads(table.schema.metadata[b"lox.trees"]) == {  # the namedtuple is not described: flat
+        "grad": {"dict": {"w": None, "b": {"list": [None, None]}}}, "t": {"tuple": [None]}}
+    nested = from_arrow(table)
+    assert list(nested) == ["grad", "pair/lo", "pair/hi", "t"]
+    assert list(nested["grad"]) == ["w", "b"] and isinstance(nested["grad"]["b"], list)
+    assert isinstance(nested["t"], tuple) and len(nested["t"]) == 1
+    for got, leaf in [(nested["grad"]["w"], grad["w"]), (nested["grad"]["b"][0], grad["b"][0]),
+                      (nested["grad"]["b"][1], grad["b"][1]), (nested["t"][0], np.arange(n, dtype=np.int16))]:
+        assert got.dtype == leaf.dtype
+        np.testing.assert_array_equal(got, leaf)
+    assert nested.step["grad"].tolist() == [5, 6, 7] and nested.step_names("t") == []
+    back = from_arrow(table, flat=True)
     assert list(back) == ["grad/b/0", "grad/b/1", "grad/w", "pair/lo", "pair/hi", "t/0"]
     for name, leaf in [("grad/b/0", grad["b"][0]), ("grad/b/1", grad["b"][1]), ("grad/w", grad["w"]),
                        ("pair/lo", np.zeros(n)), ("pair/hi", np.ones(n)), ("t/0", np.arange(n, dtype=np.int16))]:
