@@ -542,9 +542,9 @@ def frameworks():
 
 
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
-            "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops, "devices": devices,
-            "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets, "trackers": trackers,
-            "tensorboard": tensorboard, "frameworks": frameworks}
+            "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
+            "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
+            "trackers": trackers, "tensorboard": tensorboard, "frameworks": frameworks}
 
 
 def main(argv: list[str]) -> None:
