@@ -16,6 +16,7 @@ import numpy as np
 from lox_backends.hooks import RunInfo
 from lox_core import schema
 from lox_core.arrow import series_leaves
+from lox_core.dtypes import common_dtype
 from lox_core.logdict import NO_STEP, logdict
 
 _NONE = np.iinfo(np.int64).min  # no step yet
@@ -48,9 +49,11 @@ class LogChecks:
         _check_batch_axes(logs, runs_shape)
 
     def _check_kinds(self, logs: logdict, batch_ndim: int) -> None:
-        """A key keeps one dtype and event shape in all of a logger's runs (so that
-        its series stay one array), and no two keys give one series name (the
-        ``key/path`` of a pytree's leaves, what trackers name the metrics)."""
+        """A key keeps one event shape in all of a logger's runs (so that its
+        series stay one array), and dtypes that one dtype holds exactly (int32
+        then float32 events: a float64 series; see `lox_core.dtypes`); no two
+        keys give one series name (the ``key/path`` of a pytree's leaves, what
+        trackers name the metrics)."""
         for key, value in logs.items():
             for name, leaf in series_leaves(key, value):
                 owner = self._owners.setdefault(name, key)
@@ -62,12 +65,23 @@ class LogChecks:
                 dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
                 kind = (dtype, tuple(np.shape(leaf)[batch_ndim + 1 :]))
                 known = self._kinds.setdefault(name, kind)
-                if known != kind:
+                if known == kind:
+                    continue
+                was, now = f"{known[0]}{list(known[1])}", f"{kind[0]}{list(kind[1])}"
+                if known[1] != kind[1]:
                     raise ValueError(
-                        f"lox logger: {name!r} was logged as {known[0]}{list(known[1])} and now as "
-                        f"{kind[0]}{list(kind[1])}; a key keeps one dtype and shape in a logger's runs. "
-                        "Log the new values under another key (e.g. pad a smaller last batch, or log its mean)."
+                        f"lox logger: {name!r} was logged as {was} and now as {now}; a key keeps one event shape "
+                        "in a logger's runs. Log the new values under another key (e.g. pad a smaller last batch, "
+                        "or log its mean)."
                     )
+                common = common_dtype(known[0], kind[0])
+                if common is None:
+                    raise ValueError(
+                        f"lox logger: {name!r} was logged as {was} and now as {now}, and no dtype holds the values "
+                        "of both exactly (a key mixes bool, integers and floats only, and int64 not with floats). "
+                        "Cast the values to one dtype before logging them, or log the new ones under another key."
+                    )
+                self._kinds[name] = (common, kind[1])
 
     # --- in the router thread ---------------------------------------------------------------
     def warn_steps(self, runs: list[RunInfo], logs: logdict, batch_ndim: int = 0) -> None:

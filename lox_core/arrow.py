@@ -139,6 +139,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lox_core import schema
+from lox_core.dtypes import common_dtype
 from lox_core.logdict import NO_STEP, concat, logdict, steps_per_event
 
 if TYPE_CHECKING:
@@ -992,20 +993,46 @@ class _Columns:
 
     def dtype_and_shape(self, key: str, start: int, count: int) -> tuple[np.dtype, tuple[int, ...]]:
         codes = self.dtype_codes[start : start + count]
-        if (codes != codes[0]).any() or codes[0] < 0:
-            raise ValueError(f"the rows of key {key!r} have different or null dtypes; a key keeps one dtype.")
+        if (codes < 0).any():
+            raise ValueError(f"rows of key {key!r} have no dtype; every row of the lox Arrow schema has one.")
+        dtype = self._dtype_of(key, codes)
         if self.scalars_only:
-            return _dtype(self.dtype_names[codes[0]]), ()
+            return dtype, ()
         offsets = self.shape_offsets[start : start + count + 1]
         if offsets[0] == offsets[-1]:  # scalars: no dimension on any row
-            return _dtype(self.dtype_names[codes[0]]), ()
+            return dtype, ()
         ndim = offsets[1] - offsets[0]
         dims = self.shape_dims[offsets[0] : offsets[-1]]
         if (np.diff(offsets) != ndim).any() or (dims.reshape(count, ndim) != dims[:ndim]).any():
             raise ValueError(f"the rows of key {key!r} have different shapes; a key keeps one shape.")
-        return _dtype(self.dtype_names[codes[0]]), tuple(int(d) for d in dims[:ndim])
+        return dtype, tuple(int(d) for d in dims[:ndim])
+
+    def _dtype_of(self, key: str, codes: np.ndarray) -> np.dtype:
+        """The dtype of a key's series: its rows', or the dtype that holds all of
+        theirs exactly (int32 and float32 rows: float64; see `lox_core.dtypes`)."""
+        dtype = _dtype(self.dtype_names[codes[0]])
+        if (codes == codes[0]).all():
+            return dtype
+        for code in np.unique(codes):
+            other = _dtype(self.dtype_names[code])
+            common = common_dtype(dtype, other)
+            if common is None:
+                raise ValueError(
+                    f"the rows of key {key!r} have dtypes {dtype.name} and {other.name}, which no dtype holds "
+                    "exactly; a key keeps one dtype, or dtypes that one holds exactly (see lox_core.dtypes)."
+                )
+            dtype = common
+        return dtype
 
     def values(self, key: str, start: int, count: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        codes = self.dtype_codes[start : start + count]
+        if count and (codes != codes[0]).any():
+            # Rows of several dtypes (`_dtype_of`): each run of them as stored, then in the common dtype.
+            cuts = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), count]
+            return np.concatenate([
+                self.values(key, start + a, b - a, _dtype(self.dtype_names[codes[a]]), shape).astype(dtype)
+                for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+            ])
         valid = self.value_valid
         if _all(valid, start, count):
             if math.prod(shape) != 1:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import console
+from lox_core.dtypes import common_dtype
 
 if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are made
     import pyarrow as pa
@@ -656,23 +657,34 @@ def concat(parts: Iterable[logdict]) -> logdict:
 
 
 def _check_same_structure(key: str, values: list) -> None:
-    first = values[0]
+    """One structure and event shape; one dtype, or on the host dtypes that one
+    holds exactly (`lox_core.dtypes`: int32 and float32 give float64, which is
+    what NumPy's concatenation gives them). Device arrays keep one dtype (JAX
+    would round int32 to float32)."""
+    first = jax.tree_util.tree_structure(values[0])
     for other in values[1:]:
-        a, b = jax.tree_util.tree_structure(first), jax.tree_util.tree_structure(other)
-        if a != b:
-            raise ValueError(f"key {key!r} was logged with different structures: {a} and {b}.")
-        # Same structure (checked above): as many leaves.
-        for x, y in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(other), strict=True):
-            if x.shape[1:] != y.shape[1:] or x.dtype != y.dtype:
+        if jax.tree_util.tree_structure(other) != first:
+            raise ValueError(
+                f"key {key!r} was logged with different structures: {first} and {jax.tree_util.tree_structure(other)}."
+            )
+    # Same structure (checked above): as many leaves.
+    for leaves in zip(*(jax.tree_util.tree_leaves(v) for v in values), strict=True):
+        host = _numpy_or_jax(*leaves) is np
+        dtype = np.dtype(leaves[0].dtype)
+        for x in leaves[1:]:
+            common = dtype if x.dtype == dtype else common_dtype(dtype, x.dtype) if host else None
+            if x.shape[1:] != leaves[0].shape[1:] or common is None:
                 raise ValueError(
                     f"key {key!r} was logged with different shapes or dtypes: "
-                    f"{_describe_event(x)} and {_describe_event(y)}. A key must keep one shape and "
-                    "dtype within one spool; log differently shaped values under different keys."
+                    f"{_describe_event(leaves[0], dtype)} and {_describe_event(x)}. A key must keep one shape, "
+                    "and dtypes one dtype holds exactly (see lox_core.dtypes); cast the values to one dtype, "
+                    "and log differently shaped values under different keys."
                 )
+            dtype = common
 
 
-def _describe_event(x) -> str:
-    return f"{np.dtype(x.dtype).name}{list(x.shape[1:])}"
+def _describe_event(x, dtype=None) -> str:
+    return f"{np.dtype(x.dtype if dtype is None else dtype).name}{list(x.shape[1:])}"
 
 
 def _flatten(logs: logdict):
