@@ -8,9 +8,11 @@ fails loudly in this file instead of silently elsewhere. Supported: JAX 0.8,
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src import config as _config
 from jax._src import core, effects, linear_util, source_info_util
@@ -44,8 +46,10 @@ def literal_operands(values: list) -> list:
     traced function (``jnp.asarray(5)``, ``jnp.array(True)``) to an
     interpreter as a literal whose value is a typed Python scalar
     (`TypedInt`, `TypedFloat`, `TypedComplex`) or a `bool`, without a shape;
-    earlier releases give NumPy arrays."""
-    return [x if hasattr(x, "shape") else np.asarray(x, dtype=getattr(x, "dtype", None)) for x in values]
+    earlier releases give NumPy arrays. (Eager `jax.grad` binds a log with
+    Python scalars too.)"""
+    return [x if hasattr(x, "shape") else np.asarray(x, x.dtype) if hasattr(x, "dtype") else jnp.asarray(x)
+            for x in values]
 
 
 # --- The effect that keeps `lox.log` alive -------------------------------------
@@ -76,28 +80,44 @@ for _set in (
 # when they change: a `jax.jit`ted function traced outside any transform is
 # traced anew inside `lox.spool` (where its logs are bound), and every
 # function after `lox.set_default` (in the jit key: compiled functions too).
-capturing_state = _config.bool_state(
-    "lox_capturing", False, "Set by lox's transforms while they trace a function.",
-    include_in_trace_context=True,
-)
-default_output_state = _config.enum_state(
+def _defined(name: str, make: Callable[[], Any], value) -> Any:
+    """The JAX configuration state `name`, made once per process (a module
+    reload finds it as it is), set to `value` rather than to the environment
+    variable JAX reads for it."""
+    if name in _config.config_states:
+        return _config.config_states[name]
+    state = make()
+    jax.config.update(name, value)
+    return state
+
+
+# How many lox transforms are tracing (0, 1, or 2 for more): what a transform
+# leaves of an unselected log depends on whether another one is around it.
+transform_depth_state = _defined("lox_transform_depth", lambda: _config.int_state(
+    "lox_transform_depth", 0, "How many lox transforms are tracing (2: more than one).",
+    include_in_trace_context=True), 0)
+default_output_state = _defined("lox_default_output", lambda: _config.enum_state(
     "lox_default_output", ["console", "off"], "console", "What `lox.log` does with no lox transform around it.",
-    include_in_jit_key=True, include_in_trace_context=True,
-)
+    include_in_jit_key=True, include_in_trace_context=True), "console")
 
 
 def capturing():
-    """Within: traces made belong to a lox transform (every `lox.log` binds)."""
-    return capturing_state(True)
+    """Within: traces made belong to a lox transform, so every `lox.log`
+    binds. With the default "console" every log binds anyway, and the trace
+    context is left as it is (no second trace of the nested jits)."""
+    if default_output_state.value == "console":
+        return contextlib.nullcontext()
+    return transform_depth_state(min(transform_depth_state.value + 1, 2))
 
 
 def set_default_output(mode: str) -> None:
     jax.config.update("lox_default_output", mode)
 
 
-def logs_seen() -> bool:
-    """Whether a `lox.log` now would be seen: a lox transform is tracing, or the default prints."""
-    return capturing_state.value or default_output_state.value == "console"
+def logs_seen(outside: bool = False) -> bool:
+    """Whether a `lox.log` now would be seen: the default prints, or a lox
+    transform is tracing (with `outside`: a transform around the one tracing)."""
+    return default_output_state.value == "console" or transform_depth_state.value > (1 if outside else 0)
 
 
 # The effects of `jax.debug.callback`, which lox's host calls share so that their
@@ -365,6 +385,8 @@ def with_event_axis(aval):
 def add_event_axis(x):
     """`x` with a leading event axis of 1 (never sharded): one `reshape`, the
     cheapest primitive to trace, with its sharding given on explicit mesh axes."""
+    if not hasattr(x, "shape"):  # a Python scalar
+        (x,) = literal_operands([x])
     return jax.lax.reshape(x, (1, *x.shape), out_sharding=events_sharding(x))
 
 

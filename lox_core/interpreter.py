@@ -315,9 +315,18 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             collected.append(log_rule(handler, site_of(eqn.params), operands, active))
         deferred.clear()
 
+    seen_outside = _compat.logs_seen(outside=True)
     for eqn in jaxpr.eqns:
         selected = _selected_sites(handler, eqn)
         if not selected:
+            if eqn.primitive is log_p and not seen_outside:
+                # Nothing would see this log: left out, so that it adds no effect.
+                if is_used(eqn.outvars):
+                    flush()
+                    for v, x in zip(eqn.outvars, event_outputs(_compat.literal_operands(
+                            [read(v) for v in eqn.invars])), strict=True):
+                        write(v, x)
+                continue
             pending.append(eqn)
             continue
         returned_event_used = eqn.primitive is log_p and is_used(eqn.outvars)
@@ -368,7 +377,7 @@ def log_rule(handler: Handler, site: Site, operands: list, active) -> logdict | 
     collected = handler.on_log(site, {k: values[k] for k in taken}, steps, active)
     # What the handler did not take stays a log, for outer transforms or the default.
     rest = site.keys if handler.keep_logs else tuple(k for k in site.keys if k not in taken)
-    if rest:
+    if rest and _compat.logs_seen(outside=True):  # else nothing would see them: no effect left
         _rebind(site, values, steps, rest)
     return collected
 

@@ -205,6 +205,12 @@ class logdict(dict[str, Any]):
             return NotImplemented
         return concat([self, other])
 
+    def __radd__(self, other: int) -> logdict:
+        """``0 + logs``, so that ``sum`` of logdicts (and events) needs no start value."""
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            return self
+        return NotImplemented
+
     def __or__(self, other: dict[Any, Any]) -> logdict:  # `dict` as in dict.__or__; other dicts: NotImplemented
         """Merge: keys of `other` replace those of `self`, with their steps."""
         if not isinstance(other, logdict):
@@ -556,7 +562,7 @@ class Event(dict[str, Any]):
     def to_logdict(self) -> logdict:
         """The event as a one-event `lox.logdict`: every value and step with a
         leading event axis of 1."""
-        data = {k: jax.tree_util.tree_map(lambda x: np.asarray(x)[None], v) for k, v in self.items()}
+        data = {k: jax.tree_util.tree_map(lambda x: _value_array(x)[None], v) for k, v in self.items()}
         steps = {name: dict.fromkeys(data, _step_array(s)) for name, s in self.steps.items()} if data else {}
         return logdict._trusted(data, steps)
 
@@ -569,6 +575,14 @@ class Event(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Callable[..., Event], tuple[Any, ...]]:
         return (_rebuild_event, (dict(self), self.steps))
+
+
+def _value_array(x) -> np.ndarray:
+    """A value of an event as NumPy: a Python number in the dtype JAX gives
+    it (`lox.log` logs ``0.5`` as float32 unless 64-bit types are on)."""
+    if isinstance(x, (bool, int, float, complex)):
+        return np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype))
+    return np.asarray(x)
 
 
 def _step_array(step) -> np.ndarray:

@@ -121,6 +121,44 @@ def test_with_the_default_off_a_plain_jit_has_no_log_left_and_transforms_still_s
     assert jax.make_jaxpr(_step)(x).effects  # with the console default the log is in the program
 
 
+def test_with_the_default_off_what_a_selective_transform_leaves_costs_nothing_and_an_outer_one_sees_it():
+    def f(x):
+        lox.log({"a": x.sum()}, step=1)
+        lox.log({"b": x.mean(), "c": x.max()}, step=2)
+        return x * 2
+
+    x = jnp.arange(1.0, 4.0)
+    lox.set_default("off")
+    try:
+        for spooled in (lox.spool(f, argnames=["a", "c"]), lox.spool(f, keep_logs=True)):
+            # Alone, the keys it does not return are left out of the program: no effect, fast dispatch.
+            assert not jax.make_jaxpr(spooled)(x).effects
+            _, logs = spooled(x)
+            assert {k: logs[k].tolist() for k in logs} == (
+                {"a": [6.0], "c": [3.0]} if "b" not in logs else {"a": [6.0], "b": [2.0], "c": [3.0]})
+        # Inside another transform, the keys it does not return stay for that one.
+        events = []
+        lox.tap(jax.jit(lox.spool(f, argnames=["a", "c"])), events.append)(x)
+        assert [(dict(e), e.steps) for e in events] == [({"b": np.float32(2.0)}, {"step": 2})]
+        _, outer = lox.spool(lambda x: lox.spool(f, keep_logs=True)(x)[0])(x)
+        assert {k: outer[k].tolist() for k in outer} == {"a": [6.0], "b": [2.0], "c": [3.0]}
+    finally:
+        lox.set_default("console")
+
+
+def test_eager_derivatives_of_a_function_that_logs_a_python_number(capsys):
+    def loss(w):
+        lox.log({"w": w}, step=0)
+        return w**2
+
+    assert float(jax.grad(loss)(1.5)) == 3.0
+    primal, tangent = jax.jvp(loss, (2.0,), (1.0,))
+    assert (float(primal), float(tangent)) == (4.0, 4.0)
+    assert [float(v) for v in jax.value_and_grad(loss)(3.0)] == [9.0, 6.0]
+    jax.effects_barrier()
+    assert capsys.readouterr().out.splitlines() == ["[step=0] w=1.5", "[step=0] w=2", "[step=0] w=3"]
+
+
 def run_python(code: str, **env):
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
