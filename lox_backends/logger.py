@@ -36,7 +36,7 @@ from lox_backends.processes import Job, host_local
 from lox_backends.registry import registry
 from lox_backends.runs import Runs, new_group, safe_name
 from lox_backends.worker import BackendError, BackendWorker, Worker
-from lox_core import _compat, schema, spool, tap
+from lox_core import _compat, failures, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
@@ -171,9 +171,19 @@ class Logger:
                 numbers[index] = run.index
             return numbers
 
+        def open_runs_or_none(seed, dynamic, nonce):
+            # An exception is raised by lox afterwards (lox_core.failures), not into XLA; no runs (-1) then.
+            if failures.pending is None:  # else, as lox's host calls do, nothing until it was raised
+                try:
+                    return open_runs(seed, dynamic, nonce)
+                except Exception as error:  # noqa: BLE001
+                    failures.record(error, f"raised by `logger.init` of lox logger {self.name!r} while opening runs")
+            return np.full(np.shape(seed)[: np.ndim(seed) - seed_ndim], -1, np.int32)
+
         def opened(seed, dynamic, nonce):
             run = jax.pure_callback(
-                open_runs, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce, vmap_method="broadcast_all"
+                open_runs_or_none, jax.ShapeDtypeStruct((), jnp.int32), seed, dynamic, nonce,
+                vmap_method="broadcast_all",
             )
             return _replicated(run)
 
@@ -182,6 +192,7 @@ class Logger:
         run = jax.jit(opened)(seed, dynamic, nonce)
         if not traced(run):  # a host value, placed as arrays made here are (also under `jax.disable_jit`)
             run = jnp.asarray(np.asarray(run))
+            failures.raise_pending()
         return LoggerState(run)
 
     def runs(self) -> list[hooks.RunInfo]:
@@ -234,7 +245,8 @@ class Logger:
             if self._job.per_device_error is not None and _compat.manual_axes():
                 raise ValueError(self._job.per_device_error)
             # Chained, not ordered: an ordered effect is refused on more than one device.
-            chain_end(host_call(self._receive_logged, state.run, logs, guarded=False, token=chain_start()))
+            note = f"raised by lox logger {self.name!r} while receiving keys {', '.join(map(repr, logs))}"
+            chain_end(host_call(self._receive_logged, state.run, logs, guarded=False, token=chain_start(), note=note))
             return
         if self._job.count > 1:
             logs = host_local(logs)  # on every process at once: values sharded across processes gathered
@@ -409,7 +421,7 @@ class Logger:
             return
         self._closed = True
         shutdown.discard(self)
-        jax.effects_barrier()
+        _compat.wait_for_effects()  # without raising a callback's exception: closing must not stop halfway
         stuck = False
         try:
             self._finish_tasks([], timeout, then=lambda: self._to_backends(lambda b: b.close()))
@@ -471,6 +483,7 @@ class Logger:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
+        failures.raise_pending()  # a host callback's exception (lox_core.failures)
         self._raise_errors()
 
     def _raise_errors(self) -> None:

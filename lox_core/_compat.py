@@ -437,3 +437,26 @@ def distributed_runtime() -> tuple[int, int, Any]:
 def manual_axes() -> tuple:
     """The mesh axes of the enclosing `shard_map` or `pmap` (empty outside them)."""
     return tuple(jax.sharding.get_abstract_mesh().manual_axes)
+
+
+# --- effects_barrier --------------------------------------------------------------
+from jax._src import dispatch as _dispatch  # noqa: E402
+
+# What `jax.effects_barrier()` runs: wait for the runtime tokens of every program dispatched.
+_wait_for_effects = _dispatch.RuntimeTokenSet.block_until_ready
+
+
+def check_after_effects_barrier(check: Callable[[], None]) -> None:
+    """Make `jax.effects_barrier()` call `check()` once it has waited (JAX
+    offers no hook: the method it calls is wrapped, once)."""
+
+    def block_until_ready(self):
+        _wait_for_effects(self)
+        check()
+
+    _dispatch.RuntimeTokenSet.block_until_ready = block_until_ready
+
+
+def wait_for_effects() -> None:
+    """`jax.effects_barrier()` without the check."""
+    _wait_for_effects(_dispatch.runtime_tokens)

@@ -30,7 +30,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from lox_core import _compat
+from lox_core import _compat, failures
 from lox_core.primitive import batching_cond_into_select
 
 host_call_p = Primitive("lox_host_call")
@@ -38,18 +38,25 @@ host_call_p.multiple_results = True
 
 
 class _Callback:
-    """The user's callback with the pytree of its arguments."""
+    """The user's callback with the pytree of its arguments, and what to say if it raises."""
 
-    def __init__(self, fun: Callable, tree):
+    def __init__(self, fun: Callable, tree, note: str):
         self.fun = fun
         self.tree = tree
+        self.note = note
 
     def __call__(self, batch_ndim: int, *leaves) -> None:
+        if failures.pending is not None:
+            return  # an earlier callback raised: nothing is delivered until lox raised it again
         args = jax.tree_util.tree_unflatten(self.tree, [np.asarray(x) for x in leaves])
-        self.fun(batch_ndim, *args)
+        try:
+            self.fun(batch_ndim, *args)
+        except Exception as error:  # noqa: BLE001 - XLA would abort with it: lox raises it later
+            failures.record(error, self.note)
 
 
-def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True, token=None):
+def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True, token=None,
+              note: str | None = None):
     """Call ``callback(batch_ndim, *args)`` on the host with NumPy arrays.
 
     Outside `vmap` `batch_ndim` is 0. Under `vmap` (nested or not) the callback
@@ -63,6 +70,10 @@ def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, g
     With an int32 `token` the call is chained instead of ordered: it runs after
     the call that returned `token`, and returns the token for the next call
     (``token + 1``; under vmap, with the batch axes).
+
+    An exception `callback` raises is not raised into XLA: `lox_core.failures`
+    keeps it, with `note` added (what raised it while delivering what), and
+    raises it at the next `jax.effects_barrier()`.
 
     >>> import jax, jax.numpy as jnp
     >>> seen = []
@@ -79,10 +90,16 @@ def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, g
     if chained:
         leaves.insert(0, jax.numpy.asarray(token, jax.numpy.int32))
     outs = host_call_p.bind(
-        *leaves, callback=_Callback(callback, tree), batch_ndim=0, ordered=bool(ordered) and not chained,
+        *leaves, callback=_Callback(callback, tree, note or f"raised by lox's host call {callback_name(callback)}"),
+        batch_ndim=0, ordered=bool(ordered) and not chained,
         guarded=bool(guarded), chained=chained,
     )
     return outs[0] if chained else None
+
+
+def callback_name(callback: Callable) -> str:
+    """How an error names `callback`: its qualified name, or its repr."""
+    return getattr(callback, "__qualname__", None) or repr(callback)
 
 
 @host_call_p.def_effectful_abstract_eval

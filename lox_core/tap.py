@@ -12,7 +12,7 @@ import numpy as np
 from lox_core import _compat
 from lox_core import buffer as buffering
 from lox_core.delivery import Delivery, print_event
-from lox_core.host import chain_end, chain_start, host_call
+from lox_core.host import callback_name, chain_end, chain_start, host_call
 from lox_core.interpreter import Handler, in_while_predicate, single_event, unique_objects
 from lox_core.logdict import logdict
 from lox_core.options import TapOptions, positive_int, selection, string
@@ -169,13 +169,21 @@ class TapHandler(Handler):
         state = self.state
         buffers = state.buffers
         deliver, context = self.delivery.buffers(buffers.groups, buffers.key_order), self._context(buffers.key_order)
+        note = self._note([self.prefix + key for key in buffers.key_order], block=True)
 
         def send(token, when, counts, arrays):
-            return host_call(deliver, when, counts, arrays, context, token=token)
+            return host_call(deliver, when, counts, arrays, context, token=token, note=note)
 
         self._check_placement()
 
         state.token = buffers.send_when(when, self._token(), send)
+
+    def _note(self, keys: list[str], block: bool = False) -> str:
+        """What an exception of the callback gets as its note (see `lox_core.failures`)."""
+        delivery = self.delivery
+        callback = delivery.block_callback if block and delivery.block_callback is not None else delivery.callback
+        delivering = ", ".join(map(repr, keys))
+        return f"raised by {self.name} callback {callback_name(callback)} while delivering keys {delivering}"
 
     def _context(self, keys):
         """The routing context of `tap_with_context` (None for `lox.tap`)."""
@@ -200,7 +208,8 @@ class TapHandler(Handler):
         unique, where = unique_objects(leaves)  # an event's keys share their steps: sent once
         deliver = self.delivery.chunk(tree, where)
         self._check_placement()
-        self.state.token = host_call(deliver, unique, when, self._context(list(logs)), token=self._token())
+        self.state.token = host_call(deliver, unique, when, self._context(list(logs)), token=self._token(),
+                                     note=self._note(list(logs), block=True))
 
     # --- events ----------------------------------------------------------------------
     def on_log(self, site, values, steps, active):
@@ -217,7 +226,8 @@ class TapHandler(Handler):
         context = self._context(keys)
         self._check_placement()
         state.token = host_call(
-            deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token()
+            deliver, active, [values[k] for k in keys], [steps[n] for n in names], context, token=self._token(),
+            note=self._note([self.prefix + k for k in keys]),
         )
         return None
 
@@ -306,6 +316,15 @@ def tap(
     The tapped function is jitted. Called with concrete arrays, it returns only
     after every callback has run; inside an enclosing `jax.jit`, call
     `jax.effects_barrier()` to wait for them.
+
+    An exception `callback` raises does not reach XLA (which would raise a
+    `JaxRuntimeError` holding its text, and abort a multi-process job): the
+    program runs on, and the exception itself, with a note naming the callback
+    and the keys it was given, is raised by the call (with concrete arrays), or
+    else by the next `jax.effects_barrier()` or logger call. Until then lox
+    delivers no event (to any callback). One that nothing raised is printed on
+    stderr at exit; in a multi-process job, every process prints the others'
+    there.
 
     >>> import jax, jax.numpy as jnp, lox
     >>> def f(xs):

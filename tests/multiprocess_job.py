@@ -3,7 +3,8 @@
     python multiprocess_job.py SCENARIO PROCESS_ID NUM_PROCESSES PORT FOLDER MODE
 
 8 CPU devices in all (8 / NUM_PROCESSES per process), gloo collectives. Prints
-one JSON line with what the test checks (run ids, tapped events, errors).
+one JSON line with what the test checks (run ids, tapped events, errors),
+except where it ends with an uncaught exception (the scenarios "raise-...").
 """
 
 import json
@@ -83,6 +84,17 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
         except ValueError as error:
             report["error"] = str(error)
         logger.finish(state)
+    elif scenario in ("raise-jit", "raise-local"):  # a tap callback raises: uncaught, where lox raises it
+
+        def raising_callback(event):
+            raise ValueError(f"boom on process {pid}")
+
+        summed = lox.tap(lambda x: lox.log({"sum": jnp.sum(x)}, step=7), raising_callback)
+        if scenario == "raise-jit":
+            jax.jit(summed)(batch)  # its host call runs on the program's first device: process 0
+            jax.effects_barrier()
+        else:
+            summed(jnp.arange(3.0))  # process-local: every process runs it, and its callback
     elif scenario == "early":
         try:
             early.init()

@@ -20,24 +20,32 @@ REPO = JOB.parents[1]
 DEADLINE = 300  # seconds for a whole job: a hang fails the test instead of stalling the suite
 
 
-def run_job(scenario: str, folder, processes: int = 2, mode: str = "first") -> list[dict]:
-    """Start the job's processes at once; what each printed, in process order."""
+def finished(scenario: str, folder, processes: int = 2, mode: str = "first") -> list[tuple[int, str, str]]:
+    """Start the job's processes at once; each one's exit code, stdout and stderr, in process order."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "JAX_PLATFORMS": "cpu",
            "LOX_DEFAULT": "off"}
     port = str(free_port())
     jobs = [subprocess.Popen([sys.executable, str(JOB), scenario, str(i), str(processes), port, str(folder), mode],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=JOB.parent)
             for i in range(processes)]
-    reports = []
+    results = []
     try:
         for job in jobs:
             out, err = job.communicate(timeout=DEADLINE)
-            assert job.returncode == 0, f"process exited with {job.returncode}:\n{err}"
-            assert "Traceback" not in err, err
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+            results.append((job.returncode, out, err))
     finally:
         for job in jobs:
             job.kill()
+    return results
+
+
+def run_job(scenario: str, folder, processes: int = 2, mode: str = "first") -> list[dict]:
+    """Start the job's processes at once; what each printed, in process order."""
+    reports = []
+    for code, out, err in finished(scenario, folder, processes, mode):
+        assert code == 0, f"process exited with {code}:\n{err}"
+        assert "Traceback" not in err, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
     return reports
 
 
@@ -118,6 +126,34 @@ def test_loggers_created_differently_on_each_process_fail_with_a_timeout_not_a_h
     assert "error" not in reports[0]
     assert reports[1]["error"].startswith("lox: process 1 waited 2 s for process 0 to create its Logger number 0")
     assert reports[1]["error"].endswith("Create the same Loggers on every process, in the same order.")
+
+
+def raised(pid: int) -> str:
+    """The end of the traceback of `raising_callback` (tests/multiprocess_job.py) on process `pid`."""
+    return ("in raising_callback\n    raise ValueError(f\"boom on process {pid}\")\n"
+            f"ValueError: boom on process {pid}\n"
+            "raised by lox.tap callback main.<locals>.raising_callback while delivering keys 'sum'\n")
+
+
+def test_a_tap_callback_raising_on_process_0_fails_with_its_message_on_every_process_not_an_abort(tmp_path):
+    # Inside jax.jit the host call runs on process 0 only. XLA never sees the exception, so no
+    # process is left waiting for a failed program (both used to end by SIGABRT, exit code -6).
+    (code0, _, err0), (code1, _, err1) = finished("raise-jit", tmp_path)
+    # Process 0: the callback's own exception, raised by its `jax.effects_barrier()`, uncaught.
+    assert code0 == 1, err0
+    assert "in <module>\n" in err0 and "jax.effects_barrier()" in err0 and raised(0) in err0
+    # Process 1 ran the program without a callback: it prints process 0's at exit.
+    assert code1 == 0, err1
+    assert "lox: a host callback raised on process 0 of this job:\nTraceback (most recent call last):\n" in err1
+    assert raised(0) in err1
+
+
+def test_tap_callbacks_raising_on_both_processes_fail_each_with_its_own_and_the_others_message(tmp_path):
+    # A program on process-local arrays: each process runs it, and its callback, alone.
+    for pid, (code, _, err) in enumerate(finished("raise-local", tmp_path)):
+        assert code == 1, err
+        assert "summed(jnp.arange(3.0))" in err and raised(pid) in err  # its own, raised by the eager call
+        assert f"lox: a host callback raised on process {1 - pid} of this job:\n" in err and raised(1 - pid) in err
 
 
 def test_the_processes_option_names_what_it_takes():
