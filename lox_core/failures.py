@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import sys
 import threading
 import traceback
+
+import jax
 
 from lox_core import _compat
 
@@ -64,6 +67,9 @@ def raise_pending() -> None:
 
 
 def _report_at_exit() -> None:
+    """Print what a host callback raised and nothing raised again, here or
+    on another process of the job; then end the process with exit code 1, as
+    the exception would have (an exit handler cannot set the exit code)."""
     global pending
     try:
         _compat.wait_for_effects()  # callbacks of programs still running
@@ -71,20 +77,32 @@ def _report_at_exit() -> None:
         pass
     with _lock:
         error, pending = pending, None
-    if error is not None:
+    failed = error is not None
+    if failed:
         print("lox: a host callback raised, and nothing raised it again before exit:", file=sys.stderr)
         traceback.print_exception(error, file=sys.stderr)
     index, count, client = _compat.distributed_runtime()
-    if count == 1:
-        return
-    try:  # every process has run its callbacks: what any of them published is there
-        client.wait_at_barrier("lox-failures-at-exit", EXIT_BARRIER_MS)
-    except Exception:  # noqa: BLE001 - a process that never came: report what the others published
-        pass
-    for key, text in sorted(client.key_value_dir_get("lox/failures/")):
-        process = int(key.split("/")[-2])
-        if process != index:
-            print(f"lox: a host callback raised on process {process} of this job:\n{text}", end="", file=sys.stderr)
+    if count > 1:
+        try:  # every process has run its callbacks: what any of them published is there
+            client.wait_at_barrier("lox-failures-at-exit", EXIT_BARRIER_MS)
+        except Exception:  # noqa: BLE001 - a process that never came: report what the others published
+            pass
+        for key, text in sorted(client.key_value_dir_get("lox/failures/")):
+            process = int(key.split("/")[-2])
+            if process != index:
+                failed = True
+                print(f"lox: a host callback raised on process {process} of this job:\n{text}", end="",
+                      file=sys.stderr)
+    if failed:
+        # The handlers registered before this one (JAX's) are skipped: the job is ended here, as they would.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if count > 1:
+            try:
+                jax.distributed.shutdown()
+            except Exception:  # noqa: BLE001 - already shut down, or the coordinator is gone
+                pass
+        os._exit(1)
 
 
 # Exit handlers run last registered first: this one before JAX's, which wait
