@@ -443,7 +443,8 @@ def manual_axes() -> tuple:
 from jax._src import dispatch as _dispatch  # noqa: E402
 
 # What `jax.effects_barrier()` runs: wait for the runtime tokens of every program dispatched.
-_wait_for_effects = _dispatch.RuntimeTokenSet.block_until_ready
+_wait_for_effects = getattr(_dispatch.RuntimeTokenSet.block_until_ready, "__wrapped__",  # JAX's, on a reload too
+                            _dispatch.RuntimeTokenSet.block_until_ready)
 
 
 def check_after_effects_barrier(check: Callable[[], None]) -> None:
@@ -454,6 +455,7 @@ def check_after_effects_barrier(check: Callable[[], None]) -> None:
         _wait_for_effects(self)
         check()
 
+    block_until_ready.__wrapped__ = _wait_for_effects  # type: ignore[attr-defined]
     _dispatch.RuntimeTokenSet.block_until_ready = block_until_ready
 
 
