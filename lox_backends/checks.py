@@ -15,7 +15,7 @@ import numpy as np
 
 from lox_backends.hooks import RunInfo
 from lox_core import schema
-from lox_core.arrow import series_leaves
+from lox_core.arrow import own_clash_message, series_leaves
 from lox_core.dtypes import common_dtype
 from lox_core.logdict import NO_STEP, logdict
 
@@ -38,7 +38,7 @@ class LogChecks:
         leading axes must be the runs'; under `jax.vmap` both are per element)."""
         for name in logs.steps:
             schema.check_step_name(name)
-        self._check_kinds(logs, len(runs_shape))
+        owners, kinds = self._check_kinds(logs, len(runs_shape))
         for key, mask in logs.valid.items():
             if np.ndim(mask) != len(runs_shape) + 1:
                 raise ValueError(
@@ -47,24 +47,35 @@ class LogChecks:
                     "the spool, with one run per element (`jax.vmap(logger.init)`)."
                 )
         _check_batch_axes(logs, runs_shape)
+        # The call is accepted: only now are its series names and kinds the logger's.
+        self._owners.update(owners)
+        self._kinds.update(kinds)
 
-    def _check_kinds(self, logs: logdict, batch_ndim: int) -> None:
+    def _check_kinds(self, logs: logdict, batch_ndim: int) -> tuple[dict[str, str], dict[str, tuple]]:
         """A key keeps one event shape in all of a logger's runs (so that its
         series stay one array), and dtypes that one dtype holds exactly (int32
         then float32 events: a float64 series; see `lox_core.dtypes`); no two
         keys give one series name (the ``key/path`` of a pytree's leaves, what
-        trackers name the metrics)."""
+        trackers name the metrics), nor two leaves of one key. Returns the
+        series' owners and kinds that the call adds or changes, for `check` to
+        keep once the whole call is accepted."""
+        owners: dict[str, str] = {}
+        kinds: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
         for key, value in logs.items():
             for name, leaf in series_leaves(key, value):
-                owner = self._owners.setdefault(name, key)
+                if owners.get(name) == key:
+                    raise ValueError("lox logger: " + own_clash_message(key, name, value))
+                owner = owners.get(name) or self._owners.get(name, key)
                 if owner != key:
                     raise ValueError(
                         f"lox logger: key {key!r} gives the series {name!r}, which key {owner!r} gave before "
                         "(a pytree's leaves are named key/path, in files and trackers); rename one of the keys."
                     )
+                owners[name] = key
                 dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
                 kind = (dtype, tuple(np.shape(leaf)[batch_ndim + 1 :]))
-                known = self._kinds.setdefault(name, kind)
+                known = self._kinds.get(name, kind)
+                kinds[name] = known
                 if known == kind:
                     continue
                 was, now = f"{known[0]}{list(known[1])}", f"{kind[0]}{list(kind[1])}"
@@ -81,7 +92,8 @@ class LogChecks:
                         "of both exactly (a key mixes bool, integers and floats only, and int64 not with floats). "
                         "Cast the values to one dtype before logging them, or log the new ones under another key."
                     )
-                self._kinds[name] = (common, kind[1])
+                kinds[name] = (common, kind[1])
+        return owners, kinds
 
     # --- in the router thread ---------------------------------------------------------------
     def warn_steps(self, runs: list[RunInfo], logs: logdict, batch_ndim: int = 0) -> None:

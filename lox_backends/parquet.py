@@ -67,7 +67,7 @@ from lox_backends.store import (
     runs,
 )
 from lox_core import schema
-from lox_core.arrow import TREES_METADATA, scalars_only
+from lox_core.arrow import FLAT, TREES_METADATA, scalars_only
 
 __all__ = [
     "ParquetBackend", "LogListener", "write_table", "check_writable", "load", "runs", "DEFAULT_DIR", "TIME_METADATA",
@@ -256,18 +256,25 @@ class ParquetBackend(hooks.Backend):
         tables in arrival order, runs one after the other, a new file only where
         the schema changes (a training loop's tables all have one). Tables whose
         keys hold different pytrees (``lox.trees``) share a file, which
-        describes them all, unless they give one key different structures."""
+        describes them all; a key that they give different structures (train
+        steps logging ``{"m": {"loss": x}}``, eval steps ``{"m": {"acc": y}}``)
+        is listed as ``"flat"`` (`lox_core.arrow.FLAT`), and read flat, as
+        when its structure differs between files."""
         pending, group.pending, group.pending_rows = group.pending, {}, 0
         part: list[tuple[str, pa.Table]] = []
         trees: dict[str, Any] = {}
+        parsed: dict[bytes, dict[str, Any]] = {}  # lox.trees as the tables hold it -> its keys' trees
         for run_id, tables in pending.items():
             for table in tables:
-                these = _trees(table)
-                if part and not _joinable(table, part[0][1], these, trees):
+                if part and not _joinable(table, part[0][1]):
                     self._write_file(group, part, trees)
                     part, trees = [], {}
                 part.append((run_id, table))
-                trees.update(these)
+                raw = (table.schema.metadata or {}).get(_TREES)
+                if raw is not None:
+                    these = parsed[raw] if raw in parsed else parsed.setdefault(raw, json.loads(raw))
+                    for key, tree in these.items():
+                        trees[key] = tree if trees.get(key, tree) == tree else FLAT
         if part:
             self._write_file(group, part, trees)
 
@@ -412,21 +419,14 @@ class _Group:
 _TREES = TREES_METADATA.encode()
 
 
-def _trees(table: pa.Table) -> dict[str, Any]:
-    """The pytree structures of a table's keys (``lox.trees``)."""
-    found = (table.schema.metadata or {}).get(_TREES)
-    return json.loads(found) if found else {}
-
-
-def _joinable(table: pa.Table, first: pa.Table, these: dict[str, Any], trees: dict[str, Any]) -> bool:
-    """Whether `table` (its keys' pytrees `these`) can share a file with `first`
-    and the tables after it (their pytrees `trees`): one schema, metadata but
-    ``lox.trees`` included, and no key of two structures."""
-    if these or trees:
-        if any(trees.get(key, tree) != tree for key, tree in these.items()):
-            return False
-        return _without_trees(table.schema).equals(_without_trees(first.schema), check_metadata=True)
-    return table.schema.equals(first.schema, check_metadata=True)
+def _joinable(table: pa.Table, first: pa.Table) -> bool:
+    """Whether `table` can share a file with `first` and the tables after it:
+    one schema, metadata but ``lox.trees`` included (the file lists the trees
+    of all its tables, a key of several structures as ``"flat"``)."""
+    a, b = table.schema, first.schema
+    if _TREES in (a.metadata or {}) or _TREES in (b.metadata or {}):
+        a, b = _without_trees(a), _without_trees(b)
+    return a.equals(b, check_metadata=True)
 
 
 def _without_trees(schema: pa.Schema) -> pa.Schema:

@@ -20,7 +20,8 @@ milliseconds), the timestamp trackers give its values, and ``lox.scalars``
 is ``"1"`` when every row holds a scalar in ``value`` (`load` then skips the
 ``shape`` and ``data`` columns); ``lox.trees`` (``lox_core.arrow``) holds
 the pytree structure of the keys of every table written into it, so that a
-key logged as a pytree loads as one. Files are ordered by
+key logged as a pytree loads as one (a key that its tables give different
+structures is listed as ``"flat"``, and loads flat). Files are ordered by
 their sequence number; the eight random hex digits keep two writers apart
 that would otherwise pick the same name. So the number of files grows with
 the number of flushes, not with the number of runs.
@@ -62,7 +63,7 @@ import pyarrow.parquet as pq
 
 from lox_backends import storage
 from lox_backends.storage import fsync as fsync
-from lox_core.arrow import StepRows, concat_read, from_arrow, from_arrow_runs
+from lox_core.arrow import StepRows, concat_read, flat_keys, from_arrow, from_arrow_runs
 from lox_core.logdict import logdict
 
 DEFAULT_DIR = "lox-runs"
@@ -212,11 +213,15 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     """One run: its files one at a time (each file's schema metadata, step dtypes and
     empty series, describes that file only); with `groups`, its group's shared files
     as converted once for all the runs being loaded."""
-    parts = [from_arrow(file.read()) for file in run_files(folder, info, shared=groups is None)]
+    tables = [file.read() for file in run_files(folder, info, shared=groups is None)]
+    parts = [from_arrow(table) for table in tables]
+    flat = set().union(*map(flat_keys, tables))  # keys of several structures in a file: flat in all
     group = _batches_folder(folder, info)
     if groups is not None and group is not None:
-        parts += groups.parts(group, info.get("run_id", storage.basename(folder)))
-    return concat_read(parts) if parts else logdict()
+        shared, flat_there = groups.parts(group, info.get("run_id", storage.basename(folder)))
+        parts += shared
+        flat |= flat_there
+    return concat_read(parts, flat) if parts else logdict()
 
 
 def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
@@ -232,7 +237,7 @@ class _Groups:
     def __init__(self, remote: bool = False) -> None:
         # pyarrow and NumPy work without the GIL; a bucket's files mostly wait on the network.
         self._pool = concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS if remote else 8)
-        self._converted: dict[str, list[dict[str | None, logdict]]] = {}
+        self._converted: dict[str, list[tuple[dict[str | None, logdict], set[str]]]] = {}
 
     def __enter__(self) -> _Groups:
         return self
@@ -240,17 +245,20 @@ class _Groups:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(cancel_futures=True)
 
-    def parts(self, folder: str, run_id: str) -> list[logdict]:
+    def parts(self, folder: str, run_id: str) -> tuple[list[logdict], set[str]]:
         """The run's logs in the group's files, in order (several parts only
-        where the files' schemas differ)."""
+        where the files' schemas differ), and the keys that files holding the
+        run's rows list as of several structures (``lox_core.arrow.flat_keys``)."""
         if folder not in self._converted:
             paths = [path for _, _, path in batch_files(folder, missing_ok=True)]
             self._converted[folder] = _convert(list(self._pool.map(_decode, paths)))
-        return [segment[run_id] for segment in self._converted[folder] if run_id in segment]
+        found = [(segment[run_id], flat) for segment, flat in self._converted[folder] if run_id in segment]
+        return [part for part, _ in found], set().union(*(flat for _, flat in found))
 
 
-def _convert(files: list[_Decoded]) -> list[dict[str | None, logdict]]:
-    """The runs of a group's files: consecutive files whose schema (metadata included,
+def _convert(files: list[_Decoded]) -> list[tuple[dict[str | None, logdict], set[str]]]:
+    """The runs of a group's files, with the keys read flat for being of several
+    structures (`flat_keys`): consecutive files whose schema (metadata included,
     but for when they were written and which runs they hold) is the same are converted at once."""
     segments: list[list[_Decoded]] = []
     for file in files:
@@ -266,7 +274,7 @@ def _convert(files: list[_Decoded]) -> list[dict[str | None, logdict]]:
             by_run = from_arrow_runs(table)
         for run in set().union(*(file.runs for file in segment)) - set(by_run):
             by_run[run] = from_arrow(table.slice(0, 0))  # runs without rows: their series without events
-        converted.append(by_run)
+        converted.append((by_run, flat_keys(table)))
     return converted
 
 

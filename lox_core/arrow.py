@@ -68,7 +68,12 @@ Schema metadata, JSON values:
     pytree has another node (a custom class, a namedtuple, a dict with
     non-string keys) or no leaf is not listed. A batch file that holds
     several tables lists the keys of all of them; a key's series that are not
-    all there, or not at the same steps, are read flat.
+    all there, or not at the same steps, are read flat. A key that the tables
+    of one file give different structures (``{"m": {"loss": x}}`` in the
+    training steps, ``{"m": {"acc": y}}`` in the evaluation steps) is listed
+    with the string ``"flat"`` (:data:`FLAT`): several structures, so its
+    series are read flat, in that file and in the run's other files (as for a
+    key whose structure differs between files: `concat_read`).
 
 Reading
 -------
@@ -90,7 +95,9 @@ What round-trips: everything, exactly, but for these.
   keys, sequence indices and attribute names joined by ``/``, e.g.
   ``{"grad": {"w": ..., "b": [...]}}`` gives ``grad/b/0`` and ``grad/w``
   (`series_leaves`). A key ``"grad/w"`` beside it would give the same name:
-  `to_arrow` refuses that, naming both keys. The key comes back as the
+  `to_arrow` refuses that, naming both keys, and a key two of whose own
+  leaves give one name (``{"d/e": x, "d": {"e": y}}``), naming the key and
+  the name (`check_own_series`). The key comes back as the
   pytree it was (``logs["grad"]["b"][0]``, its steps ``logs.step["grad"]``)
   through ``lox.trees``; with ``flat=True`` (trackers), and where a node is
   not a dict, list, tuple or None (a namedtuple, a registered class), or in
@@ -143,10 +150,11 @@ from lox_core.dtypes import common_dtype
 from lox_core.logdict import NO_STEP, concat, logdict, steps_per_event
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 TREES_METADATA = "lox.trees"  # key -> its pytree structure, for the keys that hold pytrees
+FLAT = "flat"  # the lox.trees entry of a key logged with several structures: read its series flat
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -276,7 +284,7 @@ def _series(logs: logdict) -> list[_Series]:
     for key, value in logs.items():
         steps = {name: np.asarray(per_key[key]) for name, per_key in logs.steps.items() if key in per_key}
         for name, leaf in series_leaves(key, value):
-            _check_unique(name, key, seen)
+            _check_unique(name, key, seen, value)
             values = _host(name, leaf)
             batch_ndim = _batch_ndim(name, values, steps)
             out.append(_Series(name, values, {n: _step_per_event(name, n, s) for n, s in steps.items()}, batch_ndim))
@@ -298,15 +306,42 @@ def series_leaves(key: str, value) -> list[tuple[str, Any]]:
             for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]]
 
 
-def _check_unique(name: str, key: str, seen: dict[str, str]) -> None:
-    """Refuse a series name that an earlier leaf gave (`seen`: name -> its key)."""
+def _check_unique(name: str, key: str, seen: dict[str, str], value=None) -> None:
+    """Refuse a series name that an earlier leaf gave (`seen`: name -> its key;
+    `value`: the key's value, for naming its clashing leaves)."""
     if name in seen:
-        other = "another of its leaves" if seen[name] == key else f"key {seen[name]!r}"
+        if seen[name] == key:
+            raise ValueError(own_clash_message(key, name, value))
         raise ValueError(
-            f"key {key!r} and {other} both give a series named {name!r} "
+            f"key {key!r} and key {seen[name]!r} both give a series named {name!r} "
             "(pytree leaves are named key/path); rename one of the keys."
         )
     seen[name] = key
+
+
+def check_own_series(key: str, value) -> None:
+    """Refuse a key whose own pytree leaves give one series name twice
+    (``{"c": {"d/e": x, "d": {"e": y}}}``: ``c/d/e`` both times)."""
+    seen: set[str] = set()
+    for name, _ in series_leaves(key, value):
+        if name in seen:
+            raise ValueError(own_clash_message(key, name, value))
+        seen.add(name)
+
+
+def own_clash_message(key: str, name: str, value=None) -> str:
+    """The error for a key two of whose leaves give the series `name`."""
+    paths = []
+    if value is not None:
+        for path, _ in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if "/".join([key, *(_path_part(p) for p in path)]) == name:
+                paths.append(jax.tree_util.keystr(path))
+    which = f" ({key}{paths[0]} and {key}{paths[1]})" if len(paths) > 1 else ""
+    return (
+        f"key {key!r} gives the series {name!r} from two of its leaves{which}: pytree leaves are named "
+        "key/path, so one name would hold both. Rename a dict key inside its value (e.g. one without '/'), "
+        "so that each leaf has a name of its own."
+    )
 
 
 def flatten_keys(logs: logdict, keys=None) -> logdict:
@@ -328,7 +363,7 @@ def flatten_keys(logs: logdict, keys=None) -> logdict:
     for key, value in logs.items():
         leaves = series_leaves(key, value) if keys is None or key in keys else [(key, value)]
         for name, leaf in leaves:
-            _check_unique(name, key, seen)
+            _check_unique(name, key, seen, value)
             data[name] = leaf
             for step_name, per_key in logs.steps.items():
                 if key in per_key:
@@ -338,22 +373,30 @@ def flatten_keys(logs: logdict, keys=None) -> logdict:
     return logdict(data, steps, valid=valid, dropped={name: logs.dropped[seen[name]] for name in valid})
 
 
-def concat_read(parts: list[logdict]) -> logdict:
+def concat_read(parts: list[logdict], flat: Iterable[str] = ()) -> logdict:
     """One run's logdicts read from its tables (files, batches), concatenated
     in order. A key that comes back with different pytree structures from
     different tables (logged with different structures, or read from files
-    without ``lox.trees``) is flattened to its ``key/path`` series in all of
-    them."""
+    without ``lox.trees``), and a key of `flat` (one that a table's
+    ``lox.trees`` lists as :data:`FLAT`, see `flat_keys`: read flat there),
+    is flattened to its ``key/path`` series in all of them."""
     if len(parts) == 1:
         return parts[0]
     structures: dict[str, set] = {}
     for part in parts:
         for key, value in part.items():
             structures.setdefault(key, set()).add(jax.tree_util.tree_structure(value))
-    mixed = {key for key, found in structures.items() if len(found) > 1}
+    mixed = {key for key, found in structures.items() if len(found) > 1 or key in flat}
     if mixed:
         parts = [flatten_keys(part, mixed) for part in parts]
     return concat(parts) if parts else logdict()
+
+
+def flat_keys(table: pa.Table) -> set[str]:
+    """The keys that `table`'s ``lox.trees`` lists as :data:`FLAT` (logged with
+    several structures in its tables): to pass to `concat_read`, so that they
+    come back flat from the run's other tables too."""
+    return {key for key, tree in _json(_metadata(table), TREES_METADATA).items() if tree == FLAT}
 
 
 # --- pytree structures as JSON (the lox.trees metadata) ------------------------------------
@@ -403,8 +446,8 @@ def _tree_leaves(key: str, tree, top: str) -> list[str]:
             return []
     raise ValueError(
         f"the lox.trees metadata describes key {top!r} with {json.dumps(tree)}, which is not a pytree "
-        "description (null, or an object of one of dict, list, tuple, none); remove that entry to read its "
-        "series flat."
+        f"description (null, {json.dumps(FLAT)}, or an object of one of dict, list, tuple, none); remove that "
+        "entry to read its series flat."
     )
 
 
@@ -426,6 +469,8 @@ def _nest(trees: dict[str, Any], data: dict, steps: dict) -> tuple[dict, dict]:
     the key's pytree, where all of them are there, with the same steps."""
     owner: dict[str, str] = {}  # series name -> the key whose pytree takes it
     for key, tree in trees.items():
+        if tree == FLAT:  # several structures: its series stay flat
+            continue
         names = _tree_leaves(key, tree, key)
         if names and key not in data and all(n in data for n in names) and _same_steps(names, data, steps):
             owner.update((name, key) for name in names)

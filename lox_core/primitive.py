@@ -109,6 +109,8 @@ def log(
                 f"`lox.log` got no array for key {prefix + key!r} ({value!r}); log an array, a number or a "
                 "pytree of them, or leave the key out."
             )
+        if len(leaves) > 1:
+            _check_own_series(prefix + key, tree)
         leaves = [_check_value(prefix + key, leaf) for leaf in leaves]
         values[prefix + key] = jax.tree_util.tree_unflatten(tree, leaves)
         trees.append(tree)
@@ -138,6 +140,22 @@ def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> l
     # The keys of one event share one step array (one output, not one per key).
     per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()} if values else {}
     return logdict._trusted(data, per_name)
+
+
+def _check_own_series(key: str, tree) -> None:
+    """Refuse a key two of whose leaves give one series name (``key/path``):
+    no file or tracker could hold both (`lox_core.arrow.check_own_series`)."""
+    try:
+        _own_series_checked(key, tree)  # once per key and structure
+    except TypeError:  # a node whose aux data does not hash
+        _own_series_checked.__wrapped__(key, tree)
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_series_checked(key: str, tree) -> None:
+    from lox_core.arrow import check_own_series  # pyarrow: only where a pytree is logged
+
+    check_own_series(key, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves))
 
 
 def _check_tags(tags) -> tuple[str, ...]:

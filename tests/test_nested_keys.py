@@ -228,7 +228,7 @@ def test_scalar_pytrees_of_vmapped_seeds_load_through_the_common_form(tmp_path):
         assert_logs_equal(logs, lox.logdict({"m": {"a": w, "b": (2 * w, -w)}}, {"step": {"m": steps}}))
 
 
-def test_tables_of_different_pytrees_share_a_batch_file_unless_a_key_changes_structure(tmp_path):
+def test_tables_of_different_pytrees_share_a_batch_file_also_where_a_key_changes_structure(tmp_path):
     backend = ParquetBackend(str(tmp_path))
     run = hooks.RunInfo("run-0", name="r", group="g")
     backend.open_run(run)
@@ -243,7 +243,9 @@ def test_tables_of_different_pytrees_share_a_batch_file_unless_a_key_changes_str
     backend.write(run, to_arrow(lox.logdict({"g": [np.array([2.0])]}, step(4)), run="run-0"))
     backend.flush()
     backend.close_run(run)
-    assert len(list((tmp_path / "g.batches").glob("*.parquet"))) == 3  # one key, two structures: two files
+    files = sorted((tmp_path / "g.batches").glob("*.parquet"))
+    assert len(files) == 2  # one key, two structures: still one file per flush, the key listed as flat
+    assert json.loads(pq.read_table(files[1]).schema.metadata[b"lox.trees"]) == {"g": "flat"}
     logs = lox.load(tmp_path / "run-0")
     assert list(logs) == ["loss", "norms", "g/a", "g/0"]
     assert logs["norms"]["l1"].tolist() == [0, 1, 2] and logs.step["norms"].tolist() == [0, 1, 2]
@@ -302,3 +304,109 @@ def test_pytrees_of_other_classes_and_files_of_earlier_lox_load_flat(tmp_path):
         {k: v for k, v in table.schema.metadata.items() if k != b"lox.trees"}), file)
     (logs,) = lox.load(tmp_path / "runs").values()
     assert list(logs) == ["p/lo", "p/hi", "g/w"] and logs["g/w"].tolist() == [3.0] and logs.step["g/w"].tolist() == [7]
+
+
+def _train_and_eval(tmp_path, name, seeds, evaluate):
+    """Vmapped seeds: every step logs ``{"m": {"loss": ..}}``, every 5th step
+    (with `evaluate`) also ``{"m": {"acc": ..}}``; a flush every 5 steps, then
+    two steps of training alone and a last flush. Returns the batch files and
+    the w of each seed at each of the 12 steps."""
+    logger = lox.loggers.from_config(f"parquet:{tmp_path / name}")
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), len(seeds)))
+    train = jax.jit(jax.vmap(lambda s, w, i: logger.spool(
+        lambda w: (lox.log({"m": {"loss": (w * w).sum()}}, step=i), w * 0.5)[1], s)(w), in_axes=(0, 0, None)))
+    ev = jax.jit(jax.vmap(lambda s, w, i: logger.spool(lambda w: lox.log({"m": {"acc": w.sum()}}, step=i), s)(w),
+                          in_axes=(0, 0, None)))
+    w = jnp.asarray(seeds)
+    for i in range(12):
+        w2 = train(states, w, i)
+        if evaluate and i % 5 == 4:
+            ev(states, w, i)
+        w = w2
+        if i % 5 == 4 or i == 11:
+            logger.flush(states)
+    logger.finish(states)
+    return sorted((tmp_path / name).glob("*.batches/*.parquet")), logger
+
+
+def test_a_key_that_changes_structure_within_a_flush_shares_its_file_and_loads_flat(tmp_path):
+    """Training logs {"m": {"loss"}} every step, evaluation {"m": {"acc"}} every 5th: one file per flush
+    (as with one structure), the key listed as "flat" there, and flat in the run's other files too."""
+    seeds = W0S[:, :2]
+    files, logger = _train_and_eval(tmp_path, "both", seeds, evaluate=True)
+    alone, _ = _train_and_eval(tmp_path, "train", seeds, evaluate=False)
+    assert len(files) == len(alone) == 3  # a file per flush, with every seed's rows
+    trees = [json.loads(pq.read_table(f).schema.metadata[b"lox.trees"]) for f in files]
+    assert trees == [{"m": "flat"}, {"m": "flat"}, {"m": {"dict": {"loss": None}}}]  # the last: training alone
+    ws = W0S[:, None, :2] * np.float32(0.5) ** np.arange(12, dtype=np.float32)[None, :, None]  # seed, step, 2
+    loaded = lox.load(tmp_path / "both")
+    assert list(loaded) == [run.run_id for run in logger.runs()]
+    for index, logs in enumerate(loaded.values()):
+        want = lox.logdict({"m/loss": (ws[index] ** 2).sum(axis=1), "m/acc": ws[index, [4, 9]].sum(axis=1)},
+                           {"step": {"m/loss": np.arange(12, dtype=np.int32), "m/acc": np.array([4, 9], np.int32)}})
+        assert_logs_equal(logs, want)
+        assert_logs_equal(lox.load(tmp_path / "both" / logger.runs()[index].run_id), want)  # a run folder alone
+    (train_alone, *_) = lox.load(tmp_path / "train").values()
+    assert train_alone["m"]["loss"].tolist() == (ws[0] ** 2).sum(axis=1).tolist()  # one structure: as logged
+
+
+def test_a_flat_key_in_one_file_loads_flat_from_files_of_any_other_structure(tmp_path):
+    backend = ParquetBackend(str(tmp_path))
+    run = hooks.RunInfo("run-0", name="r", group="g")
+    backend.open_run(run)
+    write = lambda value, n: backend.write(run, to_arrow(  # noqa: E731
+        lox.logdict({"m": value}, {"step": {"m": np.array([n])}}), run="run-0"))
+    write({"a": np.array([1.0])}, 0)
+    write({"b": np.array([2.0])}, 1)
+    backend.flush()  # m listed as flat
+    write({"c": np.array([3.0])}, 2)  # a third structure, alone in its file
+    backend.flush()
+    backend.close_run(run)
+    for logs in (lox.load(tmp_path / "run-0"), lox.load(tmp_path)["run-0"]):
+        assert list(logs) == ["m/a", "m/b", "m/c"]
+        assert [logs[k].tolist() for k in logs] == [[1.0], [2.0], [3.0]]
+        assert [logs.step[k].tolist() for k in logs] == [[0], [1], [2]]
+
+
+def test_a_key_whose_own_leaves_give_one_series_name_is_refused_at_the_call(tmp_path):
+    clash = {"c": {"d/e": 1.0, "d": {"e": 2.0}}, "ok": 2.0}
+    message = r"key 'c' gives the series 'c/d/e' from two of its leaves \(c\['d'\]\['e'\] and c\['d/e'\]\).*Rename"
+    with pytest.raises(ValueError, match=message):
+        lox.spool(lambda: lox.log(clash, step=1))()
+    with pytest.raises(ValueError, match=message):
+        lox.log(clash)  # also with nothing to take the logs
+    by_hand = lox.logdict({"c": {"d/e": np.ones(1), "d": {"e": np.ones(1)}}})
+    with pytest.raises(ValueError, match=message):
+        by_hand.to_arrow()
+
+    logger = lox.loggers.from_config(f"parquet:{tmp_path / 'runs'}")
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+    log = lambda d, i: jax.vmap(lambda s: logger.spool(lambda: lox.log(d, step=i), s)())(states)  # noqa: E731
+    log({"ok": 1.0}, 0)
+    with pytest.raises(ValueError, match=message):
+        log(clash, 1)
+    with pytest.raises(ValueError, match="lox logger: " + message):  # a logdict made by hand
+        logger.log(states, lox.logdict({"c": {"d/e": np.ones((2, 1)), "d": {"e": np.ones((2, 1))}},
+                                        "ok": np.ones((2, 1), np.float32)}))
+    log({"ok": 3.0}, 2)
+    logger.finish(states)  # nothing failed in the background
+    for logs in lox.load(tmp_path / "runs").values():
+        assert_logs_equal(logs, lox.logdict({"ok": np.array([1.0, 3.0], np.float32)},
+                                            {"step": {"ok": np.array([0, 2], np.int32)}}))
+
+
+def test_a_refused_call_leaves_the_loggers_names_and_kinds_as_they_were():
+    logger = lox.loggers.MemoryLogger()
+    state = logger.init()
+    logger.spool(lambda: lox.log({"c": jnp.ones(3)}, step=0), state)()
+    with pytest.raises(ValueError, match=r"'c' was logged as float32\[3\] and now as float32\[2\]"):
+        logger.spool(lambda: lox.log({"a": {"b": 1.0}, "n": jnp.ones(2), "c": jnp.ones(2)}, step=1), state)()
+    logger.spool(lambda: lox.log({"a/b": 2.0, "n": jnp.ones(5)}, step=2), state)()  # 'a' and 'n' were never logged
+    with pytest.raises(ValueError, match=r"key 'a' gives the series 'a/b', which key 'a/b' gave before"):
+        logger.spool(lambda: lox.log({"a": {"b": 1.0}}, step=3), state)()
+    logger.finish(state)
+    want = lox.logdict({"c": np.ones((1, 3), np.float32), "a/b": np.array([2.0], np.float32),
+                        "n": np.ones((1, 5), np.float32)},
+                       {"step": {"c": np.array([0], np.int32), "a/b": np.array([2], np.int32),
+                                 "n": np.array([2], np.int32)}})
+    assert_logs_equal(logger.backends[0].logs(), want)
