@@ -217,10 +217,12 @@ class Logger:
     def tap(self, fun: Callable[..., Any], state: LoggerState, **options: Any) -> Callable[..., Any]:
         """`lox.tap(fun)` whose events stream to the state's runs as they happen
         (under vmap, one host call per event for all seeds). With ``buffer=K``
-        the events of loops cross to the host K at a time (see `lox.tap`)."""
+        the events of loops cross to the host K at a time (see `lox.tap`).
+        What `log` refuses (a key's new shape or dtype, a series name two keys
+        give) is refused when ``fun`` is traced, at the call."""
         tapped = tap.tap_with_context(
             fun, self._receive_event, wait=False, block_callback=self._receive_block,
-            per_device_error=self._job.per_device_error, **options
+            per_device_error=self._job.per_device_error, check=self._checks.check, **options
         )
 
         def run(*args, **kwargs):

@@ -74,6 +74,7 @@ class TapOptions:
     with_context: bool = False
     block_callback: Callable | None = None
     per_device_error: str | None = None  # why host calls per device (in shard_map / pmap) are refused
+    check: Callable | None = None  # check(event, context_shape), while traced: what the receiver refuses
 
     @property
     def transform(self) -> str:

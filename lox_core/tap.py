@@ -52,6 +52,7 @@ class TapHandler(Handler):
         self.delivery = Delivery(options.callback, options.prefix, options.batched, options.with_context,
                                  options.block_callback, blocks=options.buffer is not None)
         self.per_device_error = options.per_device_error
+        self.check = options.check
 
     def _check_placement(self) -> None:
         """Refuse a host call that would run on every device, where the caller says why."""
@@ -216,6 +217,9 @@ class TapHandler(Handler):
         if site.in_select:
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
+        if self.check is not None:  # refused at the call, as `logger.log` refuses it
+            event = event_logdict(values, steps)
+            self.check(event.prefix(self.prefix) if self.prefix else event, np.shape(self._context(keys)))
         state = self.state
         if state.collecting:
             return event_logdict(values, steps, expand=single_event)
@@ -396,6 +400,7 @@ def tap_with_context(
     buffer: int | None = None,
     block_callback: Callable | None = None,
     per_device_error: str | None = None,
+    check: Callable[[logdict, tuple[int, ...]], None] | None = None,
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Iterable[str] = (),
 ) -> Callable[..., Any]:
@@ -416,10 +421,12 @@ def tap_with_context(
 
     With `per_device_error`, an event logged inside `shard_map` or `pmap`
     (whose host calls run on every device) raises a ValueError saying that.
+    `check(event, context_shape)` is called with each event, as a one-event
+    logdict, while the function is traced: what it raises is raised there.
     """
     options = TapOptions(selection(argnames, tags), callback, string("`logger.tap` prefix", prefix),
                          buffer=_check_buffer(buffer, batched=False), with_context=True, block_callback=block_callback,
-                         per_device_error=per_device_error)
+                         per_device_error=per_device_error, check=check)
     if options.buffer is not None and block_callback is None:
         raise TypeError("`tap_with_context(..., buffer=K)` needs a `block_callback` for the buffered events.")
     handler = TapHandler(options)

@@ -141,3 +141,25 @@ def test_logdicts_and_tables_whose_dtypes_do_not_mix_are_refused():
     with pytest.raises(ValueError, match=r"the rows of key 'a' have dtypes int64 and float64, which no dtype holds "
                                          r"exactly"):
         from_arrow(pa.concat_tables([to_arrow(ints), to_arrow(floats)]))
+
+
+def test_logger_tap_refuses_at_the_call_what_logger_log_refuses(tmp_path):
+    # Checked while the tapped function is traced: nothing reaches the runs in a form no run can hold.
+    logger = lox.loggers.from_config(f"memory,parquet:{tmp_path}")
+    state = logger.init(name="tapped")
+    logger.tap(lambda x: lox.log({"z": x, "b": jnp.zeros(3, bool)}, step=0), state)(jnp.float32(0.5))
+    with pytest.raises(ValueError, match=r"'z' was logged as float32\[\] and now as complex64\[\], and no dtype holds"):
+        logger.tap(lambda x: lox.log({"z": x}, step=1), state)(jnp.complex64(1j))
+    with pytest.raises(ValueError, match=r"'b' was logged as bool\[3\] and now as bool\[2\]; a key keeps one event"):
+        jax.jit(logger.tap(lambda x: lox.log({"b": x}, step=1), state))(jnp.zeros(2, bool))
+    with pytest.raises(ValueError, match=r"key 'z' gives the series 'z/w', which key 'z/w' gave before"):
+        logger.tap(lambda x: (lox.log({"z/w": x}, step=2), lox.log({"z": {"w": x}}, step=3)), state)(1.0)
+    runs = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))  # vmapped inside the tap: refused
+    with pytest.raises(ValueError, match=r"the state holds runs of shape \(2,\) \(one per seed\), but 'v' has shape"):
+        logger.tap(jax.vmap(lambda x: lox.log({"v": x}, step=0)), runs)(jnp.arange(2.0))
+    logger.finish(state)
+    logger.finish(runs)
+    (saved,) = [logs for logs in lox.load(tmp_path).values() if "z" in logs]
+    for logs in (logger.backends[0].logs(logger.runs()[0].run_id), saved):
+        assert {k: v.dtype.name for k, v in logs.items()} == {"z": "float32", "b": "bool"}
+        assert logs["z"].tolist() == [0.5] and logs["b"].tolist() == [[False] * 3]
