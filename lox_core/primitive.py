@@ -21,6 +21,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from lox_core import _compat, console
+from lox_core.arrow import check_own_series
 from lox_core.logdict import logdict
 
 log_p = Primitive("lox_log")
@@ -153,8 +154,6 @@ def _check_own_series(key: str, tree) -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _own_series_checked(key: str, tree) -> None:
-    from lox_core.arrow import check_own_series  # pyarrow: only where a pytree is logged
-
     check_own_series(key, jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves))
 
 
