@@ -218,8 +218,9 @@ class TapHandler(Handler):
             raise ValueError(vmap_of_cond_message(site, "tapped"))
         keys, names = list(values), list(steps)  # lists: flattening a dict sorts it
         if self.check is not None:  # refused at the call, as `logger.log` refuses it
-            event = event_logdict(values, steps)
-            self.check(event.prefix(self.prefix) if self.prefix else event, np.shape(self._context(keys)))
+            event, context = event_logdict(values, steps), self._context(keys)
+            runs_shape = () if context is None else np.shape(context)
+            self.check(event.prefix(self.prefix) if self.prefix else event, runs_shape)
         state = self.state
         if state.collecting:
             return event_logdict(values, steps, expand=single_event)
