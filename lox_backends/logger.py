@@ -173,12 +173,9 @@ class Logger:
 
         def open_runs_or_none(seed, dynamic, nonce):
             # An exception is raised by lox afterwards (lox_core.failures), not into XLA; no runs (-1) then.
-            if failures.pending is None:  # else, as lox's host calls do, nothing until it was raised
-                try:
-                    return open_runs(seed, dynamic, nonce)
-                except Exception as error:  # noqa: BLE001
-                    failures.record(error, f"raised by `logger.init` of lox logger {self.name!r} while opening runs")
-            return np.full(np.shape(seed)[: np.ndim(seed) - seed_ndim], -1, np.int32)
+            note = f"raised by `logger.init` of lox logger {self.name!r} while opening runs"
+            numbers = failures.guarded(lambda: open_runs(seed, dynamic, nonce), note)
+            return np.full(np.shape(seed)[: np.ndim(seed) - seed_ndim], -1, np.int32) if numbers is None else numbers
 
         def opened(seed, dynamic, nonce):
             run = jax.pure_callback(

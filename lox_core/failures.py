@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import traceback
+from typing import Callable, TypeVar
 
 import jax
 
@@ -31,6 +32,7 @@ from lox_core import _compat
 pending: Exception | None = None
 _lock = threading.Lock()
 _numbers = itertools.count()  # the failures this process published
+T = TypeVar("T")
 EXIT_BARRIER_MS = 60_000  # how long a process waits at exit for the others to publish theirs
 
 
@@ -53,6 +55,19 @@ def record(error: Exception, note: str) -> None:
             client.key_value_set(f"lox/failures/{index}/{next(_numbers)}", text)
         except Exception:  # noqa: BLE001 - the job's runtime is gone: this process still raises it
             pass
+
+
+def guarded(call: Callable[[], T], note: str) -> T | None:
+    """``call()`` from a host callback, which must not raise into XLA: None
+    where an earlier exception waits to be raised (nothing runs until it
+    was), or where `call` raises (kept with `note`, see `record`)."""
+    if pending is not None:
+        return None
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - XLA would abort with it: lox raises it later
+        record(error, note)
+        return None
 
 
 def raise_pending() -> None:

@@ -46,13 +46,10 @@ class _Callback:
         self.note = note
 
     def __call__(self, batch_ndim: int, *leaves) -> None:
-        if failures.pending is not None:
-            return  # an earlier callback raised: nothing is delivered until lox raised it again
-        args = jax.tree_util.tree_unflatten(self.tree, [np.asarray(x) for x in leaves])
-        try:
-            self.fun(batch_ndim, *args)
-        except Exception as error:  # noqa: BLE001 - XLA would abort with it: lox raises it later
-            failures.record(error, self.note)
+        def deliver():
+            self.fun(batch_ndim, *jax.tree_util.tree_unflatten(self.tree, [np.asarray(x) for x in leaves]))
+
+        failures.guarded(deliver, self.note)
 
 
 def host_call(callback: Callable[..., None], *args: Any, ordered: bool = True, guarded: bool = True, token=None,

@@ -275,6 +275,9 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
     def read(v):
         return v.val if isinstance(v, _compat.Literal) else env[v]
 
+    def log_operands(eqn) -> list:
+        return _compat.literal_operands([read(v) for v in eqn.invars])
+
     def write(v, x):
         if not isinstance(v, _compat.DropVar):
             env[v] = x
@@ -311,8 +314,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             segments.emit_run(pending, read, write, lambda v: counts[v] > inside[v])
             pending.clear()
         for eqn in deferred:
-            operands = _compat.literal_operands([read(v) for v in eqn.invars])
-            collected.append(log_rule(handler, site_of(eqn.params), operands, active))
+            collected.append(log_rule(handler, site_of(eqn.params), log_operands(eqn), active))
         deferred.clear()
 
     seen_outside = _compat.logs_seen(outside=True)
@@ -323,8 +325,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
                 # Nothing would see this log: left out, so that it adds no effect.
                 if is_used(eqn.outvars):
                     flush()
-                    for v, x in zip(eqn.outvars, event_outputs(_compat.literal_operands(
-                            [read(v) for v in eqn.invars])), strict=True):
+                    for v, x in zip(eqn.outvars, event_outputs(log_operands(eqn)), strict=True):
                         write(v, x)
                 continue
             pending.append(eqn)
@@ -337,9 +338,8 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
             deferred.append(eqn)
             continue
         flush()
-        invals = [read(v) for v in eqn.invars]
         if eqn.primitive is log_p:
-            invals = _compat.literal_operands(invals)
+            invals = log_operands(eqn)
             new = log_rule(handler, site_of(eqn.params), invals, active)
             outs = event_outputs(invals) if returned_event_used else []
         else:
@@ -351,7 +351,7 @@ def interpret(handler: Handler, jaxpr, consts: Sequence, args: Sequence, active=
                     f"`{eqn.primitive.name}` or remove them with `lox.nolog`; please report this at the lox "
                     "issue tracker."
                 )
-            outs, new = rule(handler, eqn, invals, active)
+            outs, new = rule(handler, eqn, [read(v) for v in eqn.invars], active)
         collected.append(new)
         # Not strict: a log whose returned event nobody reads has no outputs (`outs` is empty).
         for v, x in zip(eqn.outvars, outs, strict=False):

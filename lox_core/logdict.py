@@ -207,9 +207,7 @@ class logdict(dict[str, Any]):
 
     def __radd__(self, other: int) -> logdict:
         """``0 + logs``, so that ``sum`` of logdicts (and events) needs no start value."""
-        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
-            return self
-        return NotImplemented
+        return self if _is_zero(other) else NotImplemented
 
     def __or__(self, other: dict[Any, Any]) -> logdict:  # `dict` as in dict.__or__; other dicts: NotImplemented
         """Merge: keys of `other` replace those of `self`, with their steps."""
@@ -551,13 +549,10 @@ class Event(dict[str, Any]):
             return NotImplemented
         return self.to_logdict() + other
 
-    def __radd__(self, other: logdict | int) -> logdict:
-        """``logs + event``, and ``0 + event`` so that ``sum(events)`` adds up too."""
-        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
-            return self.to_logdict()
-        if not isinstance(other, logdict):
-            return NotImplemented
-        return other + self.to_logdict()
+    def __radd__(self, other: int) -> logdict:
+        """``0 + event``, so that ``sum(events)`` adds up too (``logs + event``
+        is `logdict.__add__`'s)."""
+        return self.to_logdict() if _is_zero(other) else NotImplemented
 
     def to_logdict(self) -> logdict:
         """The event as a one-event `lox.logdict`: every value and step with a
@@ -575,6 +570,11 @@ class Event(dict[str, Any]):
 
     def __reduce__(self) -> tuple[Callable[..., Event], tuple[Any, ...]]:
         return (_rebuild_event, (dict(self), self.steps))
+
+
+def _is_zero(x) -> bool:
+    """Whether `x` is the int 0 that `sum` starts from."""
+    return isinstance(x, int) and not isinstance(x, bool) and x == 0
 
 
 def _value_array(x) -> np.ndarray:

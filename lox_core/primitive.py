@@ -120,10 +120,7 @@ def log(
     if not _compat.logs_seen():
         # Nothing would see it (no lox transform is tracing, the default is
         # "off"): no primitive, so a `jax.jit` of this code has no effect.
-        per_name = {name: dict.fromkeys(values, _compat.add_event_axis(s)) for name, s in
-                    zip(steps, step_values, strict=True)} if values else {}
-        return logdict._trusted({k: jax.tree_util.tree_map(_compat.add_event_axis, v) for k, v in values.items()},
-                                per_name)
+        return event_logdict(values, dict(zip(steps, step_values, strict=True)))
     site = Site(
         keys=tuple(values), trees=tuple(trees), step_names=tuple(steps), tags=tags,
         explicit=bool(explicit), batch_ndim=0, in_select=False,
