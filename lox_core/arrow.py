@@ -322,11 +322,9 @@ def _check_unique(name: str, key: str, seen: dict[str, str], value=None) -> None
 def check_own_series(key: str, value) -> None:
     """Refuse a key whose own pytree leaves give one series name twice
     (``{"c": {"d/e": x, "d": {"e": y}}}``: ``c/d/e`` both times)."""
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for name, _ in series_leaves(key, value):
-        if name in seen:
-            raise ValueError(own_clash_message(key, name, value))
-        seen.add(name)
+        _check_unique(name, key, seen, value)
 
 
 def own_clash_message(key: str, name: str, value=None) -> str:
