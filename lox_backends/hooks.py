@@ -43,7 +43,10 @@ class RunInfo:
     `run_id` is unique and safe as a folder name; `name` is for people; the
     runs one Logger opens (e.g. the seeds of a vmapped `init`) share `group`
     and are numbered by `index`. `metadata` holds the user's run metadata and config
-    (JSON-compatible values).
+    (JSON-compatible values). `status` is ``"running"`` until the run ends; the
+    run `close_run` receives says how it ended: ``"finished"`` (everything
+    logged to it was written), ``"failed"`` (logs were lost, or the program
+    raised); a run read back later may also be ``"killed"`` (its process died).
     """
 
     run_id: str
@@ -51,6 +54,7 @@ class RunInfo:
     group: str
     index: int = 0
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    status: str = "running"
 
 
 class Backend:

@@ -49,7 +49,9 @@ DEFAULT_CONFIG = "parquet:lox-runs"
 DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the backends
 DEFAULT_FLUSH_EVERY = 5.0  # seconds between automatic flushes of the backends
 BATCHES_EVERY = 0.25  # seconds batches and tapped events wait to be sent together
-MAX_PENDING = 256  # calls the router may fall behind before the user's thread waits
+MAX_ROUTER_BACKLOG = 256  # calls the router may fall behind before the user's thread waits
+DEFAULT_MAX_PENDING = 256 * 2**20  # bytes of logs a backend may hold unwritten (it fails) before lox stops
+ON_ERROR = ("raise", "warn")  # what a Logger does once a backend holds `max_pending` bytes it cannot write
 
 
 @jax.tree_util.register_dataclass
@@ -88,6 +90,8 @@ class Logger:
         timeout: float = DEFAULT_TIMEOUT,
         flush_every: float = DEFAULT_FLUSH_EVERY,
         processes: str = "first",
+        max_pending: int = DEFAULT_MAX_PENDING,
+        on_error: str = "raise",
     ):
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
@@ -103,6 +107,8 @@ class Logger:
             backend.attach(self.backends)
         self.name: str = name
         self.timeout: float = timeout
+        self.max_pending: int = max_pending
+        self.on_error: str = on_error
         # In a multi-process job: run ids agreed by every process, and who writes (lox_backends.processes).
         self._job = Job(processes)
         self._runs = Runs(name, group=self._job.group(lambda: new_group(name), timeout))
@@ -261,7 +267,7 @@ class Logger:
     def _wait_for_room(self) -> None:
         """Bounded memory: the user's thread waits while the router is far behind."""
         deadline = time.monotonic() + self.timeout
-        while self._router.backlog() >= MAX_PENDING and self._router.alive():
+        while self._router.backlog() >= MAX_ROUTER_BACKLOG and self._router.alive():
             if time.monotonic() >= deadline:
                 raise self._timeout(self.timeout, [self._router.name])
             time.sleep(0.001)
@@ -546,6 +552,8 @@ def from_config(
     timeout: float = DEFAULT_TIMEOUT,
     flush_every: float = DEFAULT_FLUSH_EVERY,
     processes: str = "first",
+    max_pending: int = DEFAULT_MAX_PENDING,
+    on_error: str = "raise",
 ) -> Logger:
     """A Logger for a config string such as ``"console,parquet:runs"``.
 
@@ -562,7 +570,7 @@ def from_config(
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
     return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every,
-                  processes=processes)
+                  processes=processes, max_pending=max_pending, on_error=on_error)
 
 
 def backend_logger(
@@ -573,13 +581,15 @@ def backend_logger(
     timeout: float = DEFAULT_TIMEOUT,
     flush_every: float = DEFAULT_FLUSH_EVERY,
     processes: str = "first",
+    max_pending: int = DEFAULT_MAX_PENDING,
+    on_error: str = "raise",
     **options: Any,
 ) -> Logger:
     """A Logger for one backend by name: ``backend_logger("parquet", "runs",
     compression="zstd")``; `options` are the backend's (its ``?key=value``)."""
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
     return Logger([registry.create(config)], name=name, timeout=timeout, flush_every=flush_every,
-                  processes=processes)
+                  processes=processes, max_pending=max_pending, on_error=on_error)
 
 
 def ConsoleLogger(**options: Any) -> Logger:  # noqa: N802 - the name users know
@@ -627,4 +637,6 @@ def MultiLogger(*loggers: Logger, name: str = "lox", processes: str = "first") -
         lg._stop()
     backends: list[hooks.Backend] = [b for lg in loggers for b in lg.backends]
     return Logger(backends, name=name, timeout=max(lg.timeout for lg in loggers),
-                  flush_every=min(lg._flush_every for lg in loggers), processes=processes)
+                  flush_every=min(lg._flush_every for lg in loggers), processes=processes,
+                  max_pending=min(lg.max_pending for lg in loggers),
+                  on_error="raise" if any(lg.on_error == "raise" for lg in loggers) else "warn")
