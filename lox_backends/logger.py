@@ -419,6 +419,12 @@ class Logger:
 
         self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout)
 
+    def write_received(self, timeout: float | None = None) -> None:
+        """Write and flush what reached this logger so far, without waiting for
+        the device (`flush` does): for when a program may never finish, e.g.
+        another process of the job died. Raises what a backend raised."""
+        self._finish_tasks([], timeout)
+
     def close(self, timeout: float | None = None) -> None:
         """Flush and close every backend and stop the threads; the logger cannot be
         used afterwards. Raises what a backend raised."""

@@ -18,6 +18,8 @@ class _Closable(Protocol):
 
     def close(self, timeout: float | None = None) -> None: ...
 
+    def write_received(self, timeout: float | None = None) -> None: ...
+
 
 _live: weakref.WeakSet[_Closable] = weakref.WeakSet()
 _exiting = False
@@ -34,6 +36,11 @@ def register(logger: _Closable) -> None:
 
 def discard(logger: _Closable) -> None:
     _live.discard(logger)
+
+
+def live() -> list[_Closable]:
+    """The loggers not closed yet."""
+    return list(_live)
 
 
 def flush_before_exit_handlers() -> None:
