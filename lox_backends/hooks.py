@@ -70,6 +70,8 @@ class Backend:
     URI), or None; `options` the ``?key=value`` pairs, as strings.
     """
 
+    config: str | None = None  # the config string it was made from (set by lox, secrets masked): names it in messages
+
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         self.target = target
         self.options = dict(options or {})

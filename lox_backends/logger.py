@@ -20,7 +20,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
+import threading
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -29,9 +32,10 @@ import numpy as np
 import pyarrow as pa
 
 from lox_backends import hooks, shutdown
+from lox_backends import metadata as run_metadata
 from lox_backends.batching import Part, Waiting
 from lox_backends.checks import LogChecks
-from lox_backends.config import BackendConfig, parse
+from lox_backends.config import BackendConfig, check_logger_options, parse
 from lox_backends.processes import Job, host_local
 from lox_backends.registry import registry
 from lox_backends.runs import Runs, new_group, safe_name
@@ -58,12 +62,15 @@ ON_ERROR = ("raise", "warn")  # what a Logger does once a backend holds `max_pen
 @dataclasses.dataclass(frozen=True)
 class LoggerState:
     """The runs a logger writes to: an int32 run number per element (batch axes
-    under vmap). Pass it to `spool` / `tap` / `log` / `finish`."""
+    under vmap), and which logger opened them (its group, static). Pass it to
+    that logger's `spool` / `tap` / `log` / `finish`."""
 
     run: jax.Array
+    logger: str | None = dataclasses.field(default=None, metadata={"static": True})
 
 
 _init_calls = itertools.count()
+_logger_names: dict[str, str] = {}  # group -> the name of the logger that opened it, for messages
 
 
 class Logger:
@@ -93,6 +100,7 @@ class Logger:
         max_pending: int = DEFAULT_MAX_PENDING,
         on_error: str = "raise",
     ):
+        timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
         for backend in backends:
@@ -113,6 +121,7 @@ class Logger:
         self._job = Job(processes)
         self._runs = Runs(name, group=self._job.group(lambda: new_group(name), timeout))
         self.group: str = self._runs.group  # shared by the runs this logger opens
+        _logger_names[self.group] = name
         self._checks = LogChecks()
         self._waiting = Waiting()
         self._dirty = False  # written to since the last flush
@@ -121,6 +130,13 @@ class Logger:
         safe = safe_name(name)
         names = _names(self.backends)
         self._outlets = [BackendWorker(b, n, safe) for b, n in zip(self.backends, names, strict=True)]
+        self._over_budget_warned: set[str] = set()  # outlets whose dropped writes were warned about (on_error="warn")
+        self._lost_all = False  # logs that could not be converted: every run open then may miss some
+        self._gave_up: dict[str, int] = {}  # outlet -> its progress when a wait for it timed out
+        for backend in self.backends:  # how often a local log's writer says it is alive (lox_backends.parquet)
+            log = getattr(backend, "log", backend)
+            if hasattr(log, "heartbeat_every"):
+                log.heartbeat_every = flush_every
         self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
         self._closed = False
@@ -148,27 +164,20 @@ class Logger:
                     "it, only the process of the program's first device would open the runs."
                 )
             metadata = {**metadata, "process_index": self._job.index}
-        static = {k: v for k, v in metadata.items() if not isinstance(v, (jax.Array, np.ndarray))}  # tracers too
-        dynamic = {k: jnp.asarray(v) for k, v in metadata.items() if k not in static}
-        key_dtype = getattr(key, "dtype", None)
-        if key is None:
-            seed = jnp.zeros((0,), jnp.uint32)
-        elif key_dtype is not None and jnp.issubdtype(key_dtype, jax.dtypes.prng_key):
-            seed = jax.random.key_data(key)
-        else:
-            seed = jnp.asarray(key)
+        # Checked at the call; JAX arrays (tracers too) are converted per run, in the callback.
+        template, dynamic = run_metadata.split(metadata)
+        seed = run_metadata.key_data(key)
         seed_ndim = seed.ndim
         # A different operand per `init` call, so that XLA never merges two
         # calls into one (the callback is pure to JAX, which lets vmap batch it).
         nonce = jnp.int32(next(_init_calls))
 
         def open_runs(seed, dynamic, nonce):
-            seed, dynamic = np.asarray(seed), {k: np.asarray(v) for k, v in dynamic.items()}
+            seed = np.asarray(seed)
             batch_shape = seed.shape[: seed.ndim - seed_ndim]
             numbers = np.empty(batch_shape, np.int32)
             for position, index in enumerate(np.ndindex(batch_shape)):
-                meta = dict(static)
-                meta.update({k: v[index].tolist() for k, v in dynamic.items()})
+                meta = template.fill(dynamic, index)
                 if key is not None:
                     meta["key"] = seed[index].tolist()
                 run = self._runs.open(meta, position if batch_shape else None)
@@ -196,11 +205,25 @@ class Logger:
         if not traced(run):  # a host value, placed as arrays made here are (also under `jax.disable_jit`)
             run = jnp.asarray(np.asarray(run))
             failures.raise_pending()
-        return LoggerState(run)
+        return LoggerState(run, self.group)
 
     def runs(self) -> list[hooks.RunInfo]:
-        """Every run this logger opened, in order."""
-        return self._runs.all()
+        """Every run this logger opened, in order, with its `status`: "running"
+        until `finish` (or the exit) closed it and every backend wrote what was
+        logged to it; then "finished", or "failed" where a backend lost some of
+        its logs or the program ended by an uncaught exception."""
+        return [self._current(run) for run in self._runs.all()]
+
+    def _current(self, run: hooks.RunInfo) -> hooks.RunInfo:
+        if run.status == "running":
+            return run
+        if run.status == "failed" or self._lost_all or any(run.run_id in o.lost_runs for o in self._outlets):
+            status = "failed"
+        elif any(outlet.holds(run.run_id) for outlet in self._outlets):
+            status = "running"  # its end waits for a backend that cannot write yet
+        else:
+            status = "finished"
+        return dataclasses.replace(run, status=status)
 
     # --- logging -------------------------------------------------------------------
     def spool(self, fun: Callable[..., Any], state: LoggerState, **options: Any) -> Callable[..., Any]:
@@ -210,6 +233,7 @@ class Logger:
         spooled = spool.spool(fun, **options)
 
         def run(*args, **kwargs):
+            self._check_state(state, "spool")
             self._check_open()  # a backend's earlier failure: raised before the step, not after it
             out, logs = spooled(*args, **kwargs)
             self._log(state, logs)
@@ -229,6 +253,7 @@ class Logger:
         )
 
         def run(*args, **kwargs):
+            self._check_state(state, "tap")
             self._check_open()
             return tapped(state.run, *args, **kwargs)
 
@@ -243,8 +268,7 @@ class Logger:
     def _log(self, state: LoggerState, logs: logdict) -> None:
         if not isinstance(logs, logdict):
             raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs), got {type(logs).__name__}.")
-        if not isinstance(state, LoggerState):
-            raise TypeError(f"`logger.log` takes the state returned by `logger.init`, got {type(state).__name__}.")
+        self._check_state(state, "log")
         self._checks.check(logs, tuple(np.shape(state.run)))  # shapes are static: traced ones too
         if traced((state, logs)):
             if self._job.per_device_error is not None and _compat.manual_axes():
@@ -274,6 +298,7 @@ class Logger:
 
     # --- from JAX's callback threads (never block, never raise) ----------------------
     def _receive_batch(self, batch_ndim: int, runs, logs) -> None:
+        self._check_budget(in_program=True)
         if not self._job.writes:
             return  # a program each process runs alone: process 0 ran it too (see lox_backends.processes)
         # Copies: the host call's arrays may be buffers that XLA reuses.
@@ -290,6 +315,7 @@ class Logger:
         self._receive_batch(batch_ndim, runs, logs)
 
     def _receive_event(self, batch_ndim: int, event: logdict, runs, took) -> None:
+        self._check_budget(in_program=True)
         if not self._job.writes:
             return  # as in `_receive_batch`
         # One task for all seeds: the host call returns at once, the router splits.
@@ -307,10 +333,12 @@ class Logger:
         try:
             self._send_waiting()
         finally:  # also when some logs were refused: the rest is on its way, and made durable in time
-            # A crash loses at most `flush_every` seconds of logs.
-            if self._dirty and time.monotonic() >= self._next_flush:
+            # A crash loses at most `flush_every` seconds of logs; while runs are open,
+            # the flush also tells readers the process is alive (a heartbeat).
+            busy = self._dirty or self._runs.any_open()
+            if busy and time.monotonic() >= self._next_flush:
                 self._flush_backends()
-        return self._dirty
+        return self._dirty or self._runs.any_open()
 
     def _announce(self, run: hooks.RunInfo) -> None:
         """`open_run` to every backend, once per run, before any of its tables."""
@@ -342,9 +370,29 @@ class Logger:
             self._announce(run)  # a run whose logs overtook its `init` callback
         if tables:
             self._dirty = True
-            self._to_backends(lambda b: _write_each(b, tables), label="write")
+            self._write(tables)
         if failed is not None:
+            self._lost_all = True
             raise failed
+
+    def _write(self, tables: list[tuple[hooks.RunInfo, pa.Table]]) -> None:
+        """The tables to every backend, counted until flushed; a backend that holds
+        more than `max_pending` bytes it could not write gets no more with
+        ``on_error="warn"`` (the loss is warned about and reported)."""
+        nbytes = sum(table.nbytes for _, table in tables)
+        runs = frozenset(run.run_id for run, _ in tables)
+        for outlet in self._outlets:
+            if self.on_error == "warn" and outlet.unwritten() > self.max_pending and outlet.failing():
+                outlet.drop(runs)
+                if outlet.name not in self._over_budget_warned:
+                    self._over_budget_warned.add(outlet.name)
+                    warnings.warn(f"{self._budget_message(outlet)} With on_error='warn', lox drops the logs "
+                                  f"{outlet.name} cannot take until it works again; their runs end as 'failed'.",
+                                  RuntimeWarning, stacklevel=2)
+                continue
+            outlet.write(lambda b: _write_each(b, tables), nbytes, len(tables), runs)
+            if outlet.unwritten() > self.max_pending // 2:
+                outlet.flush()  # large tables: written now, not only at the next periodic flush
 
     def _tables(self, part: Part) -> tuple[list[tuple[hooks.RunInfo, pa.Table]], ValueError | None]:
         """A part's table for each of its runs, ordered by step, and why a run's
@@ -375,7 +423,8 @@ class Logger:
     def _flush_backends(self) -> None:
         self._dirty = False
         self._next_flush = time.monotonic() + self._flush_every
-        self._to_backends(lambda b: b.flush())
+        for outlet in self._outlets:
+            outlet.flush()
 
     def _to_backends(self, method: Callable[[hooks.Backend], None], label: str = "call") -> None:
         for outlet in self._outlets:
@@ -390,6 +439,7 @@ class Logger:
         if isinstance(state, LoggerState):
             if traced(state):
                 raise TypeError("`logger.flush` must be called outside jax.jit / vmap.")
+            self._check_state(state, "flush")
         elif state is not None:
             if timeout is not None or isinstance(state, bool) or not isinstance(state, (int, float)):
                 raise TypeError(
@@ -407,17 +457,33 @@ class Logger:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
         if traced(state):
             raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
+        self._check_state(state, "finish")
         jax.effects_barrier()
         # A process that does not write may not know runs opened under jit (on process 0).
         numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1)]
-        closing = self._runs.finishing(numbers, strict=self._job.writes)
+        self._close_runs(self._runs.finishing(numbers, strict=self._job.writes), timeout)
+
+    def _close_runs(self, closing: list[hooks.RunInfo], timeout: float | None,
+                    then: Callable[[], None] | None = None) -> None:
+        """`closing`'s `close_run` to every backend after what was logged to them,
+        each backend told how the run ended for it (`RunInfo.status`: "failed"
+        where logs were lost)."""
+        exited_by_error = shutdown.exiting() and getattr(sys, "last_value", None) is not None  # an uncaught exception
+
+        def status(run: hooks.RunInfo, outlet: BackendWorker) -> str:
+            failed = self._lost_all or exited_by_error or run.run_id in outlet.lost_runs
+            return "failed" if failed else "finished"
 
         def close_run(run: hooks.RunInfo) -> None:
             self._runs.mark_finished(run)  # in order with the logs: what arrives later is refused
             if self._job.writes:
-                self._to_backends(lambda b: b.close_run(run))
+                for outlet in self._outlets:
+                    outlet.call(lambda b, o=outlet: b.close_run(dataclasses.replace(run, status=status(run, o))),
+                                "close_run")
 
-        self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout)
+        for run in closing:  # ended: `runs` tells how (`_current`)
+            self._runs.set_status(run.index, "failed" if exited_by_error else "finished")
+        self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout, then)
 
     def write_received(self, timeout: float | None = None) -> None:
         """Write and flush what reached this logger so far, without waiting for
@@ -426,18 +492,24 @@ class Logger:
         self._finish_tasks([], timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush and close every backend and stop the threads; the logger cannot be
-        used afterwards. Raises what a backend raised."""
+        """Close the runs still open (status "finished", or "failed" where logs
+        were lost or the program ended by an uncaught exception), flush and
+        close every backend and stop the threads; the logger cannot be used
+        afterwards. Raises what a backend raised."""
         if self._closed:
             return
         self._closed = True
         shutdown.discard(self)
         _compat.wait_for_effects()  # without raising a callback's exception: closing must not stop halfway
         stuck = False
+        closing = self._runs.finishing(self._runs.open_numbers()) if self._job.writes else []
         try:
-            self._finish_tasks([], timeout, then=lambda: self._to_backends(lambda b: b.close()))
+            self._close_runs(closing, timeout, then=lambda: self._to_backends(lambda b: b.close()))
         except TimeoutError:
             stuck = True
+            raise
+        except BackendError:
+            stuck = any(outlet.fault is not None for outlet in self._outlets)
             raise
         finally:  # threads stop even after a backend error; a stuck one is left to its daemon thread
             self._router.stop(wait=not stuck, timeout=1.0)
@@ -449,7 +521,10 @@ class Logger:
         """In the router: what waits is sent, then `tasks`, a flush of every
         backend and `then`; wait for the router and every backend to get there
         (all within `timeout` seconds), and for trackers to send. Raise what
-        failed, or a TimeoutError naming what is stuck."""
+        failed; a BackendError naming what a failing backend still holds; or a
+        TimeoutError naming what is stuck. At interpreter exit, a backend that
+        an earlier wait gave up on and that made no progress since is not
+        waited for again."""
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         left = lambda: None if deadline is None else max(deadline - time.monotonic(), 0.0)  # noqa: E731
@@ -471,31 +546,85 @@ class Logger:
             if failed is not None:
                 raise failed
 
-        barriers: list = []
+        barriers: list[tuple[BackendWorker, threading.Event]] = []
         self._router.submit(in_router)
-        stuck = [] if self._router.barrier().wait(left()) else [self._router.name]
-        stuck += [outlet.name for outlet, reached in barriers if not reached.wait(left())]
+        router_stuck = not self._router.barrier().wait(left())
+        stuck = []
+        for outlet, reached in barriers:
+            again = shutdown.exiting() and self._gave_up.get(outlet.name) == outlet.progress()
+            if not reached.wait(0 if again else left()):
+                stuck.append(outlet)
+                self._gave_up[outlet.name] = outlet.progress()
         # Trackers send what reached them (in threads of their own), also after a failure.
         for outlet, reached in barriers:
             if reached.is_set():
                 outlet.backend.wait(left())
-        if stuck:
+        if stuck or router_stuck:
             self._raise_errors()  # a backend that failed outright says so first
-            raise self._timeout(timeout, stuck)
+            raise self._unfinished(timeout, stuck, router_stuck)
         self._raise_errors()
 
-    def _timeout(self, timeout: float | None, stuck: list[str]) -> TimeoutError:
+    def _unfinished(self, timeout: float | None, stuck: list[BackendWorker], router_stuck: bool) -> Exception:
+        """What `_finish_tasks` raises for backends it waited for in vain."""
+        within = f"within {round(timeout or 0, 1):g} s"
+        failing = [outlet for outlet in stuck if outlet.fault is not None]
+        if failing:
+            lines = [f"{outlet.name} could not write {outlet.unwritten_summary()} {within}: {outlet.fault}"
+                     for outlet in failing]
+            return BackendError(
+                "lox: " + "; ".join(lines) + ". lox keeps them in memory and writes them as soon as the fault "
+                "clears (free space on the disk, bring the store back), then `logger.flush()` returns; they are "
+                "lost if this process ends first."
+            )
+        names = ([self._router.name] if router_stuck else []) + [outlet.name for outlet in stuck]
         return TimeoutError(
-            f"lox: {', '.join(stuck)} of logger {self.name!r} did not finish within {round(timeout or 0, 1):g} s; "
+            f"lox: {', '.join(names)} of logger {self.name!r} did not finish {within}; "
             "a backend is slow or stuck (the other backends have their data). Pass a longer timeout "
             "(e.g. `logger.finish(state, timeout=600)`) or check the backends."
         )
+
+    def _check_budget(self, in_program: bool = False) -> None:
+        """With ``on_error="raise"``: a BackendError once a backend holds more
+        than `max_pending` bytes it could not write, so that training stops
+        instead of running on without logs; from a host call (`in_program`) it
+        also fails the program (`lox_core.failures`)."""
+        if self.on_error != "raise":
+            return
+        for outlet in self._outlets:
+            if outlet.unwritten() > self.max_pending and outlet.failing():
+                error = BackendError(
+                    f"{self._budget_message(outlet)} Training stops here, so that no more logs are lost. lox writes "
+                    "what it holds as soon as the backend works again (free space on its disk, bring its store "
+                    "back; `logger.flush()` waits for it). To train on without these logs instead, pass "
+                    "`on_error='warn'` (or a larger `max_pending`) to the logger."
+                )
+                if in_program:
+                    failures.stop_program(error)
+                raise error
+
+    def _budget_message(self, outlet: BackendWorker) -> str:
+        cause = f": {outlet.fault}" if outlet.fault is not None else " (a call to it has not returned: it hangs)"
+        return (f"lox: backend {outlet.name} holds {outlet.unwritten_summary()} that it could not write{cause}; "
+                f"that is more than the logger's max_pending ({self.max_pending} bytes).")
+
+    def _check_state(self, state: Any, method: str) -> None:
+        """Refuse what is not a state, and a state another logger opened (its run numbers are another's runs)."""
+        if not isinstance(state, LoggerState):
+            raise TypeError(f"`logger.{method}` takes the state returned by `logger.init`, got {type(state).__name__}.")
+        if state.logger is not None and state.logger != self.group:
+            other = _logger_names.get(state.logger, "?")
+            raise ValueError(
+                f"`logger.{method}` of lox logger {self.name!r} (group {self.group!r}) got a state that lox logger "
+                f"{other!r} opened (group {state.logger!r}): its run numbers are that logger's runs. Pass each "
+                "state to the logger whose `init` returned it."
+            )
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the lox logger {self.name!r} was closed; create a new one.")
         failures.raise_pending()  # a host callback's exception (lox_core.failures)
         self._raise_errors()
+        self._check_budget()
 
     def _raise_errors(self) -> None:
         errors: list[BaseException] = list(self._router.take_errors())
@@ -529,10 +658,11 @@ def _replicated(x: jax.Array) -> jax.Array:
 
 
 def _names(backends: list[hooks.Backend]) -> list[str]:
-    """What messages call each backend: its class, with its target (or its
-    position) where two backends share a class."""
+    """What messages call each backend: the config string it was made from
+    (``parquet:runs``, ``badplugin``), else its class, with its target where
+    two backends share a class (or its position, where names still clash)."""
     classes = [type(b).__name__ for b in backends]
-    names = [c if classes.count(c) == 1 else f"{c}({getattr(b, 'target', None) or ''})"
+    names = [b.config or (c if classes.count(c) == 1 else f"{c}({getattr(b, 'target', None) or ''})")
              for c, b in zip(classes, backends, strict=True)]
     return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 

@@ -35,6 +35,7 @@ folder) as one of its `listeners`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import errno
 import functools
@@ -42,9 +43,12 @@ import importlib.metadata
 import json
 import math
 import os
+import re
 import secrets
+import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -115,6 +119,8 @@ class LogListener:
 
 
 class ParquetBackend(hooks.Backend):
+    heartbeat_every: float = 5.0  # seconds between flushes (set by the Logger): how often a heartbeat is written
+
     """Writes runs under ``DIR`` as append-only Parquet batch files: ``DIR/<run_id>/_run.json``
     per run, and one file per flush for all the runs of a group in ``DIR/<group>.batches/``.
 
@@ -144,6 +150,8 @@ class ParquetBackend(hooks.Backend):
         self._groups: dict[str, _Group] = {}  # by folder name
         self._unsynced_files: list[tuple[str, list[str]]] = []  # (path, its run ids)
         self._unsynced_dirs: set[str] = set()
+        self._retry_at_flush = False  # a file could not be written: `write` leaves the next try to `flush`
+        self._writer = secrets.token_hex(4)  # names this writer's heartbeat files
         self.listeners: list[LogListener] = []
 
     # --- the backend contract ------------------------------------------------------
@@ -159,37 +167,56 @@ class ParquetBackend(hooks.Backend):
         state = self._state(run, write_info=False)
         state.info["status"] = "running"
         state.info.pop("ended", None)
+        self._write_heartbeat(state.group)
         self._write_run_json(state)
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
-        group = self._state(run).group
+        group = self._state(run).group  # raises before taking the table, or takes it
         group.pending.setdefault(run.run_id, []).append(table)
         group.pending_rows += table.num_rows
-        if group.pending_rows >= self.rows_per_file:
-            self._write_pending(group)
+        if group.pending_rows >= self.rows_per_file and not self._retry_at_flush:
+            try:
+                self._write_pending(group)
+            except OSError:  # the tables are kept: the next `flush` writes them, or raises
+                self._retry_at_flush = True
 
     write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def flush(self) -> None:
+        """Write what waits, make it durable and tell readers this writer is alive;
+        an OSError leaves every table not written in memory, for the next flush."""
         for group in self._groups.values():
             self._write_pending(group)
         self._sync()
         if self._uploads is not None:
             self._uploads.wait()
+        self._retry_at_flush = False
+        for group in {state.group.folder: state.group for state in self._runs.values()}.values():
+            self._write_heartbeat(group)
 
     def close_run(self, run: hooks.RunInfo) -> None:
+        """Write the run's last tables and its end: its status ("failed" if the
+        Logger says logs were lost), when, and how many rows it has."""
         state = self._state(run)
         try:
             if run.run_id in state.group.pending:
                 self._write_pending(state.group)
             self._sync()
-            state.info["status"] = "finished"
+            state.info["status"] = run.status if run.status in ("finished", "failed") else "finished"
             state.info["ended"] = _now()
+            state.info["rows"] = state.rows
             self._write_run_json(state)
             del self._runs[run.run_id]
-        finally:  # a tracker ends the run even if its last local write failed
-            for listener in self.listeners:
-                listener.run_closed(run, state.folder)
+        except OSError:
+            raise  # nothing lost: the Logger calls close_run again once the fault clears
+        except BaseException:
+            self._closed(run, state)  # a tracker ends the run even if its last local write failed
+            raise
+        self._closed(run, state)
+
+    def _closed(self, run: hooks.RunInfo, state: _RunState) -> None:
+        for listener in self.listeners:
+            listener.run_closed(run, state.folder)
 
     def close(self) -> None:
         try:
@@ -229,8 +256,11 @@ class ParquetBackend(hooks.Backend):
             lox_version=_lox_version(),
             status=info.get("status", "running"),
             batches=batches,
+            host=_HOST,
+            pid=os.getpid(),
+            heartbeat={"file": f"{batches}/{HEARTBEAT_PREFIX}{self._writer}.json", "every": self.heartbeat_every},
         )
-        state = _RunState(folder, info, self._group(batches))
+        state = _RunState(folder, info, self._group(batches), rows=int(info.get("rows") or 0))
         self._runs[run.run_id] = state
         try:
             if write_info and earlier is None:
@@ -246,6 +276,8 @@ class ParquetBackend(hooks.Backend):
             folder = storage.join(self.root, name)
             storage.makedirs(folder)
             self._unsynced_dirs.add(self.root)
+            if not self.remote:
+                remove_leftovers(folder)
             # A group written to before (by this process or another) continues after its last file.
             sequences = [sequence for sequence, _, _ in batch_files(folder, missing_ok=self.remote)]
             group = self._groups[name] = _Group(folder, next_seq=max(sequences, default=-1) + 1)
@@ -260,14 +292,17 @@ class ParquetBackend(hooks.Backend):
         steps logging ``{"m": {"loss": x}}``, eval steps ``{"m": {"acc": y}}``)
         is listed as ``"flat"`` (`lox_core.arrow.FLAT`), and read flat, as
         when its structure differs between files."""
-        pending, group.pending, group.pending_rows = group.pending, {}, 0
-        part: list[tuple[str, pa.Table]] = []
-        trees: dict[str, Any] = {}
-        parsed: dict[bytes, dict[str, Any]] = {}  # lox.trees as the tables hold it -> its keys' trees
-        for run_id, tables in pending.items():
-            for table in tables:
+        queue = [(run_id, table) for run_id, tables in group.pending.items() for table in tables]
+        group.pending, group.pending_rows = {}, 0
+        written = 0  # tables of `queue` in files
+        try:
+            part: list[tuple[str, pa.Table]] = []
+            trees: dict[str, Any] = {}
+            parsed: dict[bytes, dict[str, Any]] = {}  # lox.trees as the tables hold it -> its keys' trees
+            for run_id, table in queue:
                 if part and not _joinable(table, part[0][1]):
                     self._write_file(group, part, trees)
+                    written += len(part)
                     part, trees = [], {}
                 part.append((run_id, table))
                 raw = (table.schema.metadata or {}).get(_TREES)
@@ -275,8 +310,13 @@ class ParquetBackend(hooks.Backend):
                     these = parsed[raw] if raw in parsed else parsed.setdefault(raw, json.loads(raw))
                     for key, tree in these.items():
                         trees[key] = tree if trees.get(key, tree) == tree else FLAT
-        if part:
-            self._write_file(group, part, trees)
+            if part:
+                self._write_file(group, part, trees)
+        except BaseException:
+            for run_id, table in queue[written:]:  # kept, in order, for the next try (nothing is lost)
+                group.pending.setdefault(run_id, []).append(table)
+                group.pending_rows += table.num_rows
+            raise
 
     def _write_file(self, group: _Group, part: list[tuple[str, pa.Table]], trees: dict[str, Any]) -> None:
         rows: dict[str, list[int]] = {}
@@ -297,23 +337,27 @@ class ParquetBackend(hooks.Backend):
             metadata[SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
         table = table.replace_schema_metadata(metadata)
         name = batch_file_name(group.next_seq, secrets.token_hex(4))
-        group.next_seq += 1
         path = storage.join(group.folder, name)
         if self.remote:  # the whole file in memory, then one upload: never visible in part
             sink = pa.BufferOutputStream()
             write_table(table, sink, compression=self.compression)
             storage.put(path, sink.getvalue())
-            self._unsynced_files.append((path, list(rows)))
-            return
-        temp = os.path.join(group.folder, f".{name}.tmp")
-        try:
-            write_table(table, temp, compression=self.compression)
-            os.replace(temp, path)
-        except BaseException:
-            _remove_quietly(temp)
-            raise
+        else:
+            temp = os.path.join(group.folder, temp_name(name))
+            try:
+                with named_errors(path):
+                    write_table(table, temp, compression=self.compression)
+                    os.replace(temp, path)
+            except BaseException:
+                _remove_quietly(temp)
+                raise
+            self._unsynced_dirs.add(group.folder)
+        group.next_seq += 1
         self._unsynced_files.append((path, list(rows)))
-        self._unsynced_dirs.add(group.folder)
+        for run_id, (_, count) in rows.items():
+            state = self._runs.get(run_id)
+            if state is not None:
+                state.rows += count
 
     def _write_run_json(self, state: _RunState) -> None:
         path = storage.join(state.folder, RUN_FILE)
@@ -322,17 +366,37 @@ class ParquetBackend(hooks.Backend):
         if self._uploads is not None:  # in the background, after the run's previous one
             self._uploads.put(state.folder, path, (text + "\n").encode())
             return
-        temp = os.path.join(state.folder, f".{RUN_FILE}.{secrets.token_hex(4)}.tmp")
+        temp = os.path.join(state.folder, temp_name(f"{RUN_FILE}.{secrets.token_hex(4)}"))
         try:
-            with open(temp, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-                f.flush()
-                os.fsync(f.fileno())  # small, and what makes the folder a run: always durable
-            os.replace(temp, path)
+            with named_errors(path):
+                with open(temp, "w", encoding="utf-8") as f:
+                    f.write(text + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())  # small, and what makes the folder a run: always durable
+                os.replace(temp, path)
         except BaseException:
             _remove_quietly(temp)
             raise
         fsync(state.folder)
+
+    def _write_heartbeat(self, group: _Group) -> None:
+        """``<group>.batches/_alive-<writer>.json``: when this writer last said it
+        is alive (`lox_backends.store.run_status` reads a run as "killed" when
+        this is older than 3 flush intervals, or the process is gone)."""
+        path = storage.join(group.folder, f"{HEARTBEAT_PREFIX}{self._writer}.json")
+        data = json.dumps({"time": time.time(), "host": _HOST, "pid": os.getpid()}).encode()
+        if self.remote:
+            storage.put(path, data)
+            return
+        temp = os.path.join(group.folder, temp_name(storage.basename(path)))
+        try:
+            with named_errors(path):
+                with open(temp, "wb") as f:  # not fsynced: a heartbeat lost with a power cut says nothing wrong
+                    f.write(data)
+                os.replace(temp, path)
+        except BaseException:
+            _remove_quietly(temp)
+            raise
 
     def _sync(self) -> None:
         for path, _ in self._unsynced_files:
@@ -365,26 +429,30 @@ def write_table(table: pa.Table, where: str | pa.NativeFile, compression: str = 
 class _Uploads:
     """``_run.json`` uploads to a bucket, several at once (each waits on the
     network); one run's in order. `wait` returns when all are done and raises
-    the first that failed."""
+    the first that failed; what failed is uploaded again by the next `wait`
+    (unless a newer one of the same run replaced it)."""
 
     def __init__(self) -> None:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._last: dict[str, concurrent.futures.Future] = {}  # by run folder
+        self._last: dict[str, tuple[concurrent.futures.Future, str, bytes]] = {}  # by run folder
 
     def put(self, folder: str, path: str, data: bytes) -> None:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="lox-upload")
         before = self._last.get(folder)
-        if before is not None and not before.done():
-            before.result()  # the run's previous status first (a run opened and closed at once)
-        self._last[folder] = self._pool.submit(storage.put, path, data)
+        if before is not None and not before[0].done():
+            concurrent.futures.wait([before[0]])  # the run's previous status first (a run opened and closed at once)
+        self._last[folder] = (self._pool.submit(storage.put, path, data), path, data)
 
     def wait(self) -> None:
-        pending, self._last = self._last, {}
         failed = None
-        for future in pending.values():
+        for folder, (future, path, data) in list(self._last.items()):
             error = future.exception()
+            if error is None:
+                del self._last[folder]
+                continue
             failed = failed or error
+            self.put(folder, path, data)  # tried again by the next wait
         if failed is not None:
             raise failed
 
@@ -395,12 +463,13 @@ class _Uploads:
 
 
 class _RunState:
-    __slots__ = ("folder", "info", "group")
+    __slots__ = ("folder", "info", "group", "rows")
 
-    def __init__(self, folder: str, info: dict[str, Any], group: _Group):
+    def __init__(self, folder: str, info: dict[str, Any], group: _Group, rows: int = 0):
         self.folder = folder
         self.info = info
         self.group = group
+        self.rows = rows  # written to batch files so far
 
 
 class _Group:
@@ -519,6 +588,67 @@ def _why_unwritable(folder: str, error: OSError) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"
     return (os.strerror(error.errno) if error.errno else str(error)).lower()
+
+
+_HOST = socket.gethostname()
+HEARTBEAT_PREFIX = "_alive-"
+LEFTOVER_AGE = 600.0  # seconds after which a temporary file of an unknown writer is a leftover
+_TEMP = re.compile(r"\.(?P<name>.+?)\.(?P<pid>\d+)@(?P<host>[^@/]+)\.tmp")
+
+
+def temp_name(name: str) -> str:
+    """The hidden name a file is written under before it is renamed to `name`;
+    it names the writer (pid and host), so that its leftovers, after the
+    writer was killed, can be told from files a live writer is writing."""
+    return f".{name}.{os.getpid()}@{_HOST}.tmp"
+
+
+def remove_leftovers(folder: str) -> None:
+    """Remove the temporary files in `folder` that writers killed while writing
+    left: those of a process of this host that is gone, and those of unknown
+    writers older than `LEFTOVER_AGE`."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        match = _TEMP.fullmatch(entry.name)
+        try:
+            if match is not None and match["host"] == _HOST:
+                if _alive(int(match["pid"])):
+                    continue
+            elif time.time() - entry.stat().st_mtime < LEFTOVER_AGE:
+                continue
+            os.remove(entry.path)
+        except OSError:
+            pass  # removed by another process meanwhile, or not ours to remove
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def named_errors(path: str) -> Iterator[None]:
+    """An OSError raised inside names `path` (pyarrow's and the OS's say "No space
+    left on device" without saying where)."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or path in str(error):
+            raise
+        named = OSError(error.errno, f"{error.strerror or error}", path)
+        if error.errno is None:
+            named = OSError(f"{error}: {path!r}")
+        raise named from error
 
 
 def _remove_quietly(path: str) -> None:

@@ -173,7 +173,12 @@ class Registry:
     def create(self, config: BackendConfig) -> hooks.Backend:
         """A backend instance for one parsed spec."""
         spec = self.lookup(config.name, config)
-        return spec.load()(config.target, dict(config.options))
+        backend = spec.load()(config.target, dict(config.options))
+        try:
+            backend.config = mask_secrets(str(config))
+        except AttributeError:  # a backend class with __slots__: named by its class instead
+            pass
+        return backend
 
 
 def _listed(name: str, offers: list[Offer]) -> str:

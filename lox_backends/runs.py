@@ -20,6 +20,7 @@ in front instead of the logger's.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 import threading
@@ -93,6 +94,19 @@ class Runs:
             closing = [self._runs[n] for n in dict.fromkeys(numbers) if n in self._open]
             self._open.difference_update(numbers)
         return closing
+
+    def any_open(self) -> bool:
+        """Whether a run was opened and not finished (one lock-free read: a stale answer costs a tick)."""
+        return bool(self._open)
+
+    def open_numbers(self) -> list[int]:
+        with self._lock:
+            return sorted(self._open)
+
+    def set_status(self, number: int, status: str) -> None:
+        """How the run ended (`RunInfo.status`), as `all` shows it."""
+        with self._lock:
+            self._runs[number] = dataclasses.replace(self._runs[number], status=status)
 
     def mark_finished(self, run: RunInfo) -> None:
         """From the router, in order with the logs: what arrives later is refused."""

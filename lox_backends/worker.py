@@ -17,15 +17,13 @@ True
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 import warnings
 from typing import Callable
 
 from lox_backends.hooks import Backend
-
-MAX_BACKLOG = 4096  # tasks a backend may fall behind before its writes are dropped (and reported)
-
 
 class Worker:
     """One daemon thread that runs the submitted tasks in order.
@@ -155,35 +153,107 @@ class BackendError(RuntimeError):
     """A backend failed in the background."""
 
 
+RETRY_FIRST = 0.5  # seconds before a failed backend call is made again; doubled each time
+RETRY_MAX = 30.0
+HANGS_AFTER = 5.0  # seconds a backend call may run before it counts as hanging (`BackendWorker.failing`)
+
+
+@dataclasses.dataclass
+class _Held:
+    """Tables handed to a backend that no successful `flush` has confirmed yet."""
+
+    number: int  # the write's number (`BackendWorker._writes`)
+    nbytes: int
+    tables: int
+    runs: frozenset[str]  # their run names, for messages
+
+
 class BackendWorker:
     """A backend and the thread that calls it.
 
-    A failure warns at once, naming the backend, and is raised as a
-    `BackendError` by `errors` (the Logger's next call, or `finish`). A backend
-    that falls `MAX_BACKLOG` tasks behind (it hangs) has its further writes
-    dropped, reported the same way, so that its queue does not grow without
-    bound; the other backends are not affected.
+    A call that raises an `OSError` (a full disk, a bucket that does not
+    answer: faults that pass) is made again with backoff, in order, until it
+    succeeds; the calls after it wait. The tables written since the last
+    `flush` that succeeded are counted (`unwritten`): the backend keeps them
+    (a write that raised took nothing; a backend that took a table keeps it
+    until it is written) and lox keeps those not taken yet, so that nothing is
+    lost when the fault clears. The first failure of an outage warns, naming
+    the backend. Any other exception is a refusal or a bug: it warns at once,
+    is raised as a `BackendError` by `errors` (the Logger's next call, or
+    `finish`), and that call is skipped.
     """
 
     def __init__(self, backend: Backend, name: str, logger: str):
         self.backend = backend
-        self.name = name  # in messages: the class, and its target where two backends share a class
-        self._dropped = 0
+        self.name = name  # in messages: the config string, or the class
+        self.fault: OSError | None = None  # what the call being retried raised (None: the backend works)
+        self.lost_runs: set[str] = set()  # names of runs whose tables a skipped write did not write
+        self._lock = threading.Lock()
+        self._held: collections.deque[_Held] = collections.deque()
+        self._held_bytes = 0
+        self._writes = 0  # writes submitted
+        self._done = 0  # calls that returned (see `progress`)
+        self._began: float | None = None  # when the running call began (None: none runs)
+        self._closing = threading.Event()  # cuts a retry's wait short
         self._worker = Worker(f"lox-{logger}-{type(backend).__name__}", on_error=self._warn)
 
-    def call(self, method: Callable[[Backend], None], label: str = "call") -> None:
-        """Run `method(backend)` in the backend's thread."""
-        if label == "write" and self._worker.backlog() >= MAX_BACKLOG:
-            self._dropped += 1
-            if self._dropped == 1:  # once per episode: reported again if it falls behind again later
-                self._worker.report(BackendError(
-                    f"{self.name} fell {MAX_BACKLOG} writes behind (it is stuck or too slow); lox drops what "
-                    "it has not taken yet, for this backend only"
-                ))
-            return
-        if label == "write":
-            self._dropped = 0  # caught up: a later episode is reported again
-        self._worker.submit(lambda: method(self.backend), label)
+    def call(self, method: Callable[[Backend], None], label: str = "call", held: _Held | None = None) -> None:
+        """Run `method(backend)` in the backend's thread (again, while it raises an OSError)."""
+        self._worker.submit(lambda: self._retried(method, label, held), label)
+
+    def write(self, method: Callable[[Backend], None], nbytes: int, tables: int, runs: frozenset[str]) -> None:
+        """`call` for a write of `tables` tables (`nbytes` bytes) of `runs`, counted as unwritten until a flush."""
+        with self._lock:
+            self._writes += 1
+            held = _Held(self._writes, nbytes, tables, runs)
+            self._held.append(held)
+            self._held_bytes += nbytes
+        self.call(method, "write", held)
+
+    def drop(self, runs: frozenset[str]) -> None:
+        """A write of `runs` that lox did not hand to the backend (``on_error="warn"``)."""
+        self.lost_runs.update(runs)
+
+    def flush(self) -> None:
+        """`backend.flush()`; once it returns, the writes before it are no longer unwritten."""
+        with self._lock:
+            upto = self._writes
+
+        def flush(backend: Backend) -> None:
+            backend.flush()
+            with self._lock:
+                while self._held and self._held[0].number <= upto:
+                    self._held_bytes -= self._held.popleft().nbytes
+
+        self.call(flush, "flush")
+
+    def unwritten(self) -> int:
+        """Bytes of the tables handed to the backend since its last flush that succeeded."""
+        return self._held_bytes
+
+    def holds(self, run_id: str) -> bool:
+        """Whether tables of the run are unwritten (see `unwritten`)."""
+        with self._lock:
+            return any(run_id in held.runs for held in self._held)
+
+    def unwritten_summary(self) -> str:
+        """What is unwritten, for messages: "3 batches (1.2 MiB) of runs 'a', 'b'"."""
+        with self._lock:
+            held = list(self._held)
+        tables = sum(h.tables for h in held)
+        names = sorted(set().union(*(h.runs for h in held)))
+        shown = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return f"{tables} batch(es) ({_size(sum(h.nbytes for h in held))}) of run(s) {shown or '(none)'}"
+
+    def failing(self) -> bool:
+        """Whether the backend fails (a call raised an OSError and is being retried)
+        or hangs (a call has run `HANGS_AFTER` seconds)."""
+        began = self._began
+        return self.fault is not None or (began is not None and time.monotonic() - began > HANGS_AFTER)
+
+    def progress(self) -> int:
+        """Calls that returned so far: a backend that makes none is stuck."""
+        return self._done
 
     def barrier(self) -> threading.Event:
         return self._worker.barrier()
@@ -200,10 +270,49 @@ class BackendWorker:
         return wrapped
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> None:
+        self._closing.set()
         self._worker.stop(wait, timeout)
 
     def alive(self) -> bool:
         return self._worker.alive()
+
+    def _retried(self, method: Callable[[Backend], None], label: str, held: _Held | None) -> None:
+        delay = RETRY_FIRST
+        while True:
+            self._began = time.monotonic()
+            try:
+                method(self.backend)
+            except OSError as error:
+                if self._closing.is_set():  # the logger gave up on this backend: one last try
+                    if self.fault is not None:
+                        return  # what it held is lost: the logger said so when it gave up
+                    raise
+                if self.fault is None:
+                    warnings.warn(
+                        f"lox: backend {self.name} cannot {label}: {error}. lox keeps the logs it could not write "
+                        "and tries again until the fault clears (nothing is lost meanwhile, up to the logger's "
+                        "max_pending bytes).",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                self.fault = error
+                self._began = None
+                self._closing.wait(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            except Exception:
+                self._began = None
+                self._done += 1
+                if held is not None:  # refused: this write's tables are lost for this backend
+                    self.lost_runs.update(held.runs)
+                raise
+            self._began = None
+            self._done += 1
+            if self.fault is not None:
+                self.fault = None
+                warnings.warn(f"lox: backend {self.name} works again; what it held is written.", RuntimeWarning,
+                              stacklevel=2)
+            return
 
     def _warn(self, error: BaseException) -> None:
         warnings.warn(
@@ -212,3 +321,7 @@ class BackendWorker:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"

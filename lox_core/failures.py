@@ -57,16 +57,35 @@ def record(error: Exception, note: str) -> None:
             pass
 
 
+def stop_program(error: Exception) -> None:
+    """Mark `error`, about to be raised by a host call, as one that must fail
+    the program too (a logger that can no longer keep its logs): `guarded`
+    records it and raises it into XLA, and so does every host call after it
+    until it was raised again, so that training stops instead of running on
+    without logs."""
+    error.lox_stops_program = True  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _stops_program(error: BaseException | None) -> bool:
+    return getattr(error, "lox_stops_program", False)
+
+
 def guarded(call: Callable[[], T], note: str) -> T | None:
     """``call()`` from a host callback, which must not raise into XLA: None
     where an earlier exception waits to be raised (nothing runs until it
-    was), or where `call` raises (kept with `note`, see `record`)."""
-    if pending is not None:
+    was), or where `call` raises (kept with `note`, see `record`). An
+    exception marked by `stop_program` is raised into XLA as well."""
+    waiting = pending
+    if waiting is not None:
+        if _stops_program(waiting):
+            raise type(waiting)(*waiting.args)  # a copy: the kept one is raised later, with its own traceback
         return None
     try:
         return call()
     except Exception as error:  # noqa: BLE001 - XLA would abort with it: lox raises it later
         record(error, note)
+        if _stops_program(error):
+            raise
         return None
 
 

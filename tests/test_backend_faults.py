@@ -1,0 +1,284 @@
+"""When a backend fails: logs kept and written once the fault clears, training
+stopped (or warned) once `max_pending` bytes are held, bounded waits, honest
+run statuses. On a real full filesystem: a small tmpfs each test mounts (the
+suite and CI run as root)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lox
+from lox_backends import hooks
+from lox_backends.logger import BackendError, Logger
+from lox_backends.memory import MemoryBackend
+from lox_backends.registry import registry
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WIDTH = 256  # float32s per logged vector: 1 KiB a step
+
+
+class SmallDisk:
+    """A tmpfs of `size` bytes, filled by a file of its own to make it full."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        """Take every free byte: the next write fails with ENOSPC."""
+        with open(self.filler, "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield SmallDisk(mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def step(w, i):
+    lox.log({"w": w}, step=i)
+    return w + 1.0
+
+
+def by_hand(steps) -> np.ndarray:
+    """What `step` logs at each of `steps`, from a start of zeros."""
+    return np.stack([np.full(WIDTH, float(i), np.float32) for i in steps])
+
+
+def saved(folder) -> tuple[list[int], np.ndarray]:
+    (logs,) = lox.load(folder).values()
+    return logs.step["w"].tolist(), np.asarray(logs["w"])
+
+
+def run_json(folder) -> dict:
+    (info,) = [json.loads(p.read_text()) for p in pathlib.Path(folder).glob("*/_run.json")]
+    return info
+
+
+def test_a_full_disk_keeps_every_batch_and_writes_it_once_space_is_freed(small_disk):
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, timeout=30)
+    state = logger.init(name="full-disk")
+    train = jax.jit(logger.spool(step, state))
+    w = jnp.zeros(WIDTH)
+    for i in range(20):
+        w = train(w, i)
+    logger.flush()
+    small_disk.fill()
+    with pytest.warns(RuntimeWarning, match=rf"backend parquet:{runs} cannot flush: .*No space left on device.*"
+                                            rf"{small_disk.path}"):
+        for i in range(20, 60):
+            w = train(w, i)
+            time.sleep(0.005)  # flushes fail meanwhile
+        jax.effects_barrier()
+        time.sleep(0.5)
+    small_disk.free()
+    logger.finish(state)  # waits for what was held, then closes the run
+    steps, values = saved(runs)
+    assert steps == list(range(60))
+    np.testing.assert_array_equal(values, by_hand(range(60)))
+    assert run_json(runs)["status"] == "finished" and run_json(runs)["rows"] == 60
+    assert [run.status for run in logger.runs()] == ["finished"]
+
+
+def test_finish_on_a_full_disk_says_what_it_holds_and_a_later_flush_writes_it(small_disk):
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05)
+    state = logger.init(name="held")
+    train = jax.jit(logger.spool(step, state))
+    w = jnp.zeros(WIDTH)
+    small_disk.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for i in range(10):
+            w = train(w, i)
+        with pytest.raises(BackendError, match=rf"parquet:{runs} could not write \d+ batch\(es\) \(.*KiB\) of run\(s\) "
+                                               r"'held-.*' within 1 s: .*No space left on device.*lox keeps them in "
+                                               r"memory and writes them as soon as the fault clears"):
+            logger.finish(state, timeout=1)
+        assert [run.status for run in logger.runs()] == ["running"]  # its end waits on the disk
+        small_disk.free()
+        logger.flush(timeout=30)
+    steps, values = saved(runs)
+    assert steps == list(range(10))
+    np.testing.assert_array_equal(values, by_hand(range(10)))
+    assert run_json(runs)["status"] == "finished"
+    assert [run.status for run in logger.runs()] == ["finished"]
+
+
+def test_a_full_disk_stops_a_jitted_training_loop_once_max_pending_is_spent(small_disk):
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, max_pending=32 * 1024, timeout=30)
+    state = logger.init(name="stopped")
+    train = jax.jit(lambda w, i: logger.spool(step, state)(w, i))  # the loop's step jitted, spool inside
+    w = jnp.zeros(WIDTH)
+    small_disk.fill()
+    stopped_at = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for i in range(2000):
+            try:
+                w = train(w, i)
+                w.block_until_ready()
+            except Exception as error:  # noqa: BLE001 - XLA's error, holding lox's message
+                stopped_at = i
+                assert "No space left on device" in str(error) and str(runs) in str(error)
+                assert "Training stops here" in str(error)
+                break
+            time.sleep(0.002)
+        assert stopped_at is not None, "training went on with logs dropped"
+        with pytest.raises(BackendError, match=rf"backend parquet:{runs} holds \d+ batch\(es\) .* that it could not "
+                                               r"write: .*No space left on device.*more than the logger's "
+                                               r"max_pending \(32768 bytes\).*on_error='warn'"):
+            logger.log(state, lox.logdict({"w": np.zeros((1, WIDTH), np.float32)}))
+        small_disk.free()
+        logger.finish(state)
+    steps, values = saved(runs)
+    assert steps == list(range(len(steps))) and 30 <= len(steps) <= stopped_at  # nothing held was lost
+    np.testing.assert_array_equal(values, by_hand(steps))
+
+
+def test_on_error_warn_keeps_training_drops_what_exceeds_max_pending_and_the_run_fails(small_disk):
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, max_pending=16 * 1024, on_error="warn")
+    state = logger.init(name="warned")
+    train = jax.jit(logger.spool(step, state))
+    w = jnp.zeros(WIDTH)
+    small_disk.fill()
+    with pytest.warns(RuntimeWarning, match=r"With on_error='warn', lox drops the logs parquet:.* cannot take"):
+        for i in range(300):
+            w = train(w, i)
+            time.sleep(0.002)
+        jax.effects_barrier()
+        time.sleep(0.3)
+    np.testing.assert_array_equal(np.asarray(w), np.full(WIDTH, 300.0))  # every step ran
+    small_disk.free()
+    logger.finish(state)
+    steps, values = saved(runs)
+    assert 0 < len(steps) < 300 and steps == sorted(steps)
+    np.testing.assert_array_equal(values, by_hand(steps))  # what was written is right
+    assert run_json(runs)["status"] == "failed"
+    assert [run.status for run in logger.runs()] == ["failed"]
+
+
+def test_a_failing_plugin_is_named_by_its_config_name_and_its_runs_fail():
+    class _Plugin:
+        class Refusing(hooks.Backend):
+            def write(self, run, table):
+                raise ValueError("this plugin refuses every table")
+
+        @hooks.hookimpl
+        def lox_backends(self):
+            return [hooks.BackendSpec("badplugin", self.Refusing, description="refuses tables (a test plugin)")]
+
+    registry.register(_Plugin(), name="lox-tests:badplugin")
+    logger = lox.loggers.from_config("badplugin,memory")
+    state = logger.init(name="refused")
+    with pytest.warns(RuntimeWarning, match=r"backend badplugin failed: ValueError\('this plugin refuses"):
+        logger.log(state, lox.logdict({"x": np.zeros(2)}))
+        with pytest.raises(BackendError, match=r"badplugin: ValueError\('this plugin refuses every table'\)"):
+            logger.finish(state)
+    memory = logger.backends[1]
+    assert isinstance(memory, MemoryBackend) and memory.logs()["x"].tolist() == [0.0, 0.0]
+    assert [run.status for run in logger.runs()] == ["failed"]
+
+
+def test_a_state_of_another_logger_is_refused_naming_both():
+    a = lox.loggers.from_config("memory", name="a")
+    b = lox.loggers.from_config("memory", name="b")
+    state_b = b.init()
+    logs = lox.logdict({"x": np.zeros(1)})
+    message = r"lox logger 'a' \(group 'a-.*'\) got a state that lox logger 'b' opened \(group 'b-.*'\)"
+    with pytest.raises(ValueError, match=rf"`logger.log` of {message}"):
+        a.log(state_b, logs)
+    with pytest.raises(ValueError, match=rf"`logger.spool` of {message}"):
+        a.spool(lambda x: x, state_b)(1.0)
+    with pytest.raises(ValueError, match=rf"`logger.tap` of {message}"):
+        a.tap(lambda x: x, state_b)(1.0)
+    with pytest.raises(ValueError, match=rf"`logger.finish` of {message}"):
+        a.finish(state_b)
+    with pytest.raises(ValueError, match=rf"`logger.log` of {message}"):
+        jax.jit(lambda s: a.log(s, logs))(state_b)
+    seeds = jax.vmap(b.init)(jax.random.split(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match=rf"`logger.log` of {message}"):
+        a.log(seeds, lox.logdict({"x": np.zeros((3, 1))}))
+    b.finish(state_b)
+    b.finish(seeds)
+
+
+def _script(tmp_path, body: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+
+
+def test_runs_left_open_end_finished_at_exit_or_failed_by_an_uncaught_exception(tmp_path):
+    for ending, status in [("", "finished"), ("raise RuntimeError('diverged')", "failed")]:
+        runs = tmp_path / f"runs-{status}"
+        done = _script(tmp_path, f"""
+            import numpy as np, lox
+            logger = lox.loggers.from_config("parquet:{runs}")
+            state = logger.init(name="left-open")
+            logger.log(state, lox.logdict({{"x": np.arange(3.0)}}))
+            {ending}
+        """)
+        info = run_json(runs)
+        assert (info["status"], info["rows"]) == (status, 3), done.stderr
+        assert ("RuntimeError: diverged" in done.stderr) == bool(ending)
+
+
+def test_exit_does_not_wait_again_for_a_backend_finish_gave_up_on(tmp_path):
+    began = time.monotonic()
+    done = _script(tmp_path, """
+        import threading, numpy as np, lox
+        from lox_backends import hooks
+        from lox_backends.registry import registry
+
+        class Plugin:
+            class Hang(hooks.Backend):
+                def flush(self):
+                    threading.Event().wait(600)
+
+            @hooks.hookimpl
+            def lox_backends(self):
+                return [hooks.BackendSpec("hangs", self.Hang)]
+
+        registry.register(Plugin(), name="hangs")
+        logger = lox.loggers.from_config("hangs,parquet:runs")  # the logger's timeout: 60 s
+        state = logger.init()
+        logger.log(state, lox.logdict({"x": np.arange(3.0)}))
+        try:
+            logger.finish(state, timeout=3)
+        except TimeoutError as error:
+            print("finish:", error)
+    """)
+    took = time.monotonic() - began
+    assert "finish: lox: hangs of logger 'lox' did not finish within 3 s" in done.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert took < 45, f"exit waited for the hanging backend again ({took:.0f} s)"  # it would take 60 s more
+    (saved,) = lox.load(tmp_path / "runs").values()
+    assert saved["x"].tolist() == [0.0, 1.0, 2.0]
