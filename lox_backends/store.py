@@ -5,12 +5,23 @@
     DIR/
       <run_id>/                        one folder per run
         _run.json                      run_id, name, group, index, metadata, created (ISO-8601,
-                                       UTC), lox_version, status ("running", then "finished"
-                                       with ended), batches (where its rows are)
+                                       UTC), lox_version, status, batches (where its rows are);
+                                       host, pid and heartbeat (its writer); rows and ended once
+                                       the run ends
       <group>.batches/                 the rows of the runs one Logger opened (e.g. vmapped seeds)
         batch-000000-3f9c01ab.parquet  one file per flush, never modified again
         batch-000001-b72e5d10.parquet
         ...
+        _alive-<token>.json            the writer's heartbeat: {"time", "host", "pid"}
+
+``status`` is ``"running"``, then ``"finished"`` (everything logged was
+written) or ``"failed"`` (logs lost, or an error); `runs` reports a run still
+``"running"`` whose writer is gone as ``"killed"`` (`run_status`). ``rows`` is
+how many rows the run has in its batch files, recorded when it ends: `load`
+refuses a run with fewer (its files were deleted), naming it. ``heartbeat`` is
+``{"file": "<group>.batches/_alive-<token>.json", "every": seconds}``, the
+file (relative to ``DIR``) its writer rewrites every ``every`` seconds while
+it lives.
 
 Each batch file holds a table in lox's Arrow schema (``lox_core.arrow``) with
 the rows of every run of the group that logged since the previous flush, each
@@ -35,10 +46,20 @@ both layouts.
 
 `load` reads a run, or every run of a folder, back into logdicts (this is
 `lox.load`); `runs` lists them; `run_files` finds a run's batch files for
-`lox sync`. Any Parquet reader reads the files directly (names starting with
-``_`` or ``.`` are skipped by Parquet dataset readers, so whole folders read
-too): ``pandas.read_parquet("DIR")``, or with ``filters=[("run", "==", run_id)]``
-for one run.
+`lox sync`. Any Parquet reader reads the batch files directly. Their step
+columns differ where runs log with different step names, so read them with
+each reader's way of unifying files' columns (names starting with ``_`` or
+``.``, and ``*.tmp`` files, are not batch files)::
+
+    duckdb.sql("SELECT * FROM read_parquet('DIR/*/batch-*.parquet', union_by_name = true)")
+    files = sorted(glob.glob("DIR/*/batch-*.parquet"))
+    polars.concat([polars.scan_parquet(f) for f in files], how="diagonal").collect()
+    pandas.concat([pandas.read_parquet(f) for f in files])
+    pyarrow.dataset.dataset([pyarrow.dataset.dataset(f) for f in files]).to_table()
+
+The ``run`` column tells the runs apart (``WHERE run = 'RUN_ID'``).
+``pandas.read_parquet("DIR")`` and ``pyarrow.dataset.dataset("DIR")`` take
+the columns of one file: right only where every file has the same columns.
 """
 
 from __future__ import annotations
@@ -53,7 +74,10 @@ import gc
 import json
 import os
 import re
+import socket
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,8 +187,130 @@ def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     ...     backend.open_run(hooks.RunInfo("run-0", name="demo", group="g", metadata={"lr": 0.1}))
     ...     [(r["run_id"], r["name"], r["metadata"], r["status"]) for r in store.runs(folder)]
     [('run-0', 'demo', {'lr': 0.1}, 'running')]
+
+    Each run's ``status`` is as `run_status` resolves it: a run whose writer is
+    gone is ``"killed"``, though its ``_run.json`` still says ``"running"``.
     """
-    return [info for _, info in locate(path)[1]]
+    found = locate(path)[1]
+    writers = _Writers()  # the runs of a group share their writer: its heartbeat read once
+    for folder, info in found:
+        info["status"] = writers.status(folder, info)
+    return [info for _, info in found]
+
+
+KILLED_AFTER = 3  # heartbeat intervals without a heartbeat after which a running run counts as killed
+DEFAULT_HEARTBEAT_EVERY = 5.0  # seconds between heartbeats, where _run.json does not say
+
+
+def run_status(folder: str, info: dict[str, Any]) -> str:
+    """The status of the run in `folder` whose ``_run.json`` is `info`:
+    ``"finished"`` and ``"failed"`` (or any other stored status but
+    ``"running"``) as stored; for a run stored as ``"running"``, ``"killed"``
+    when its writer is gone, else ``"running"``.
+
+    The writer is gone when it ran on this host (``host``) and its process
+    (``pid``) no longer exists, or when its heartbeat file (``heartbeat``:
+    ``{"file": path relative to the folder of run folders, "every": seconds}``)
+    holds a ``time`` older than `KILLED_AFTER` heartbeat intervals; a missing
+    heartbeat file counts once the run was created that long ago. A running run
+    of a lox that wrote none of ``host``, ``pid`` and ``heartbeat`` stays
+    ``"running"``. The heartbeat's time is the writer's clock: hosts whose
+    clocks differ by more than that interval see each other's runs as killed.
+
+    >>> import tempfile
+    >>> from lox_backends import store
+    >>> store.run_status(tempfile.gettempdir(), {"status": "finished"})
+    'finished'
+    >>> store.run_status(tempfile.gettempdir(), {"status": "running", "host": socket.gethostname(),
+    ...                                          "pid": os.getpid()})
+    'running'
+    """
+    return _Writers().status(folder, info)
+
+
+class _Writers:
+    """What tells whether runs' writers live, each process and heartbeat file
+    looked at once however many runs share it."""
+
+    def __init__(self) -> None:
+        self._host = socket.gethostname()
+        self._alive: dict[int, bool] = {}
+        self._beats: dict[str, float | None] = {}
+
+    def status(self, folder: str, info: dict[str, Any]) -> str:
+        """`run_status`."""
+        status = info.get("status", "running")
+        if status != "running":
+            return status
+        host, pid, heartbeat = info.get("host"), info.get("pid"), info.get("heartbeat")
+        if host is None and pid is None and heartbeat is None:
+            return "running"  # written by a lox that left no trace of its writer: nothing to tell by
+        if host == self._host and isinstance(pid, int) and not isinstance(pid, bool):
+            if pid not in self._alive:
+                self._alive[pid] = _process_alive(pid)
+            if not self._alive[pid]:
+                return "killed"
+        if isinstance(heartbeat, dict):
+            path = _heartbeat_path(folder, heartbeat.get("file"))
+            every = heartbeat.get("every")
+            if not isinstance(every, (int, float)) or isinstance(every, bool) or not every > 0:
+                every = DEFAULT_HEARTBEAT_EVERY
+            if path is not None:
+                if path not in self._beats:
+                    self._beats[path] = _heartbeat_time(path)
+                last = self._beats[path]
+                if last is None:  # no heartbeat yet, or never: as recent as the run's creation
+                    last = _created(info).timestamp()
+                if time.time() - last > KILLED_AFTER * every:
+                    return "killed"
+        return "running"
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (and is not a zombie, which
+    a killed process is until its parent reaps it)."""
+    if pid <= 0 or sys.platform == "win32":  # 0 and negatives name groups; on Windows os.kill terminates
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: checks only
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    except OSError:
+        return True  # cannot tell: not killed
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:  # Linux: the state follows the parenthesized name
+            return f.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:
+        return True
+
+
+def _heartbeat_path(folder: str, relative: object) -> str | None:
+    """The heartbeat file `relative` (to the folder holding the run folders) names, or
+    None for a name lox does not write (empty, absolute, or leaving that folder)."""
+    if not isinstance(relative, str) or not relative or relative.startswith(("/", "\\")):
+        return None
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return None
+    return storage.join(storage.parent(folder), *parts)
+
+
+def _heartbeat_time(path: str) -> float | None:
+    """The ``time`` a heartbeat file holds (Unix seconds); when it was last
+    written where its contents are not lox's; None where it is missing."""
+    try:
+        data = storage.read_bytes(path)
+        try:
+            beat = json.loads(data.decode("utf-8"))["time"]
+            if isinstance(beat, (int, float)) and not isinstance(beat, bool):
+                return float(beat)
+        except (ValueError, KeyError, TypeError):
+            pass
+        return storage.mtime(path)
+    except FileNotFoundError:  # not written yet, or removed since its writer ended
+        return None
 
 
 def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
@@ -216,12 +362,40 @@ def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logd
     tables = [file.read() for file in run_files(folder, info, shared=groups is None)]
     parts = [from_arrow(table) for table in tables]
     flat = set().union(*map(flat_keys, tables))  # keys of several structures in a file: flat in all
+    found = sum(table.num_rows for table in tables)
     group = _batches_folder(folder, info)
     if groups is not None and group is not None:
-        shared, flat_there = groups.parts(group, info.get("run_id", storage.basename(folder)))
+        shared, flat_there, rows = groups.parts(group, info.get("run_id", storage.basename(folder)))
         parts += shared
         flat |= flat_there
+        found += rows
+    _check_complete(folder, info, group, found)
     return concat_read(parts, flat) if parts else logdict()
+
+
+def _check_complete(folder: str, info: dict[str, Any], group: str | None, found: int) -> None:
+    """Refuse a run whose batch files are gone (`FileNotFoundError` naming it and
+    what is missing), rather than load it as a run that logged nothing: its
+    batches folder is missing (on a disk, where the writer makes it before the
+    run's ``_run.json``; object stores have no folders), or fewer of its rows
+    are found than its ``_run.json`` recorded when it ended (``rows``)."""
+    if group is None:
+        return  # written by lox 0.1: its batch files in its own folder, nothing recorded to check against
+    run = f"run {info.get('name', storage.basename(folder))!r} ({folder!r})"
+    where = storage.parent(folder)
+    if found == 0 and not storage.is_uri(group) and not os.path.isdir(group):
+        raise FileNotFoundError(
+            f"{run} has lost its logs: its batches folder {group!r} does not exist (deleted or moved), so nothing "
+            f"it logged can be read. Put that folder back beside the run's folder, or move the run's folder out "
+            f"of {where!r} to load the other runs."
+        )
+    rows = info.get("rows")
+    if isinstance(rows, int) and not isinstance(rows, bool) and found < rows:
+        raise FileNotFoundError(
+            f"{run} has lost logs: it ended with {rows} rows written, but the batch files in {group!r} hold "
+            f"{found} of them; batch files holding the other {rows - found} were deleted or moved. Put them "
+            f"back, or move the run's folder out of {where!r} to load the other runs."
+        )
 
 
 def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
@@ -238,6 +412,7 @@ class _Groups:
         # pyarrow and NumPy work without the GIL; a bucket's files mostly wait on the network.
         self._pool = concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS if remote else 8)
         self._converted: dict[str, list[tuple[dict[str | None, logdict], set[str]]]] = {}
+        self._rows: dict[str, collections.Counter[str]] = {}  # by folder: each run's rows in its files
 
     def __enter__(self) -> _Groups:
         return self
@@ -245,15 +420,21 @@ class _Groups:
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(cancel_futures=True)
 
-    def parts(self, folder: str, run_id: str) -> tuple[list[logdict], set[str]]:
+    def parts(self, folder: str, run_id: str) -> tuple[list[logdict], set[str], int]:
         """The run's logs in the group's files, in order (several parts only
-        where the files' schemas differ), and the keys that files holding the
-        run's rows list as of several structures (``lox_core.arrow.flat_keys``)."""
+        where the files' schemas differ), the keys that files holding the
+        run's rows list as of several structures (``lox_core.arrow.flat_keys``),
+        and how many rows of the run the files hold."""
         if folder not in self._converted:
             paths = [path for _, _, path in batch_files(folder, missing_ok=True)]
-            self._converted[folder] = _convert(list(self._pool.map(_decode, paths)))
+            files = list(self._pool.map(_decode, paths))
+            self._converted[folder] = _convert(files)
+            rows: collections.Counter[str] = collections.Counter()
+            for file in files:
+                rows.update(file.row_counts())
+            self._rows[folder] = rows
         found = [(segment[run_id], flat) for segment, flat in self._converted[folder] if run_id in segment]
-        return [part for part, _ in found], set().union(*(flat for _, flat in found))
+        return [part for part, _ in found], set().union(*(flat for _, flat in found)), self._rows[folder][run_id]
 
 
 def _convert(files: list[_Decoded]) -> list[tuple[dict[str | None, logdict], set[str]]]:
@@ -286,6 +467,14 @@ class _Decoded:
     table: pa.Table
     runs: dict[str, list[int]]
     rows: StepRows | None
+
+    def row_counts(self) -> dict[str, int]:
+        """Run id -> its rows in the file (from ``lox.runs``, or the ``run``
+        column of a file without it)."""
+        if self.runs or self.table.num_rows == 0:
+            return {run: int(rows) for run, (_, rows) in self.runs.items()}
+        counts = self.table.column("run").value_counts().to_pylist()
+        return {item["values"]: item["counts"] for item in counts if item["values"] is not None}
 
 
 def _decode(path: str) -> _Decoded:
