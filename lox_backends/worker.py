@@ -308,7 +308,7 @@ class BackendWorker:
                 raise
             self._began = None
             self._done += 1
-            if self.fault is not None:
+            if self.fault is not None and not self._closing.is_set():
                 self.fault = None
                 warnings.warn(f"lox: backend {self.name} works again; what it held is written.", RuntimeWarning,
                               stacklevel=2)

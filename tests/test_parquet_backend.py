@@ -217,7 +217,7 @@ def test_keys_are_data_never_paths(tmp_path):
     tree = files_under(tmp_path)
     assert "runs/run-0/_run.json" in tree
     batches = [f.removeprefix("runs/g.batches/") for f in tree if f != "runs/run-0/_run.json"]
-    assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet", n) for n in batches), tree
+    assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet|_alive-[0-9a-f]{8}\.json", n) for n in batches), tree
     loaded = parquet.load(root / "run-0")
     assert sorted(loaded) == sorted(keys)
     assert loaded["../../x"].tolist() == [0.0, 1.0, 2.0, 9.0]
@@ -372,7 +372,7 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
     np.testing.assert_array_equal(logs.step["loss"], np.arange(n))
     np.testing.assert_array_equal(logs["loss"], np.arange(n) * 0.25)
     np.testing.assert_array_equal(logs["w"][:, 2], np.arange(n, dtype=np.float32) + 2)
-    assert parquet.runs(folder)[0]["status"] == "running"
+    assert parquet.runs(folder)[0]["status"] == "killed"  # its writer is gone (lox_backends.store.run_status)
 
 
 # --- errors ------------------------------------------------------------------------
