@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 from lox_backends import hooks, storage
 from lox_backends.config import Option, check_options
 from lox_backends.store import (
+    BATCHES_SUFFIX,
     DEFAULT_DIR,
     RUN_FILE,
     RUNS_METADATA,
@@ -233,6 +234,10 @@ class ParquetBackend(hooks.Backend):
         if state is not None:
             return state
         _check_name(run.run_id, "run_id")
+        if not self.remote and not self._runs and not self._groups:  # the first run: the folder is opened
+            for name, is_dir, path in storage.scan(self.root, missing_ok=True):
+                if is_dir and name.endswith(BATCHES_SUFFIX):
+                    remove_leftovers(path)  # files a killed writer was writing
         folder = storage.join(self.root, run.run_id)
         storage.makedirs(folder)
         self._unsynced_dirs.add(self.root)
@@ -276,8 +281,6 @@ class ParquetBackend(hooks.Backend):
             folder = storage.join(self.root, name)
             storage.makedirs(folder)
             self._unsynced_dirs.add(self.root)
-            if not self.remote:
-                remove_leftovers(folder)
             # A group written to before (by this process or another) continues after its last file.
             sequences = [sequence for sequence, _, _ in batch_files(folder, missing_ok=self.remote)]
             group = self._groups[name] = _Group(folder, next_seq=max(sequences, default=-1) + 1)

@@ -282,3 +282,28 @@ def test_exit_does_not_wait_again_for_a_backend_finish_gave_up_on(tmp_path):
     assert took < 45, f"exit waited for the hanging backend again ({took:.0f} s)"  # it would take 60 s more
     (saved,) = lox.load(tmp_path / "runs").values()
     assert saved["x"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_temporary_files_of_a_killed_writer_are_removed_when_the_folder_is_next_opened(tmp_path):
+    runs = tmp_path / "runs"
+    first = lox.loggers.from_config(f"parquet:{runs}")
+    state = first.init(name="first")
+    first.log(state, lox.logdict({"x": np.arange(3.0)}))
+    first.finish(state)
+    (group,) = runs.glob("*.batches")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # a process of this host that has ended
+    host = os.uname().nodename
+    killed = group / f".batch-000001-0123abcd.parquet.{dead_pid}@{host}.tmp"
+    live = group / f".batch-000002-4567cdef.parquet.{os.getpid()}@{host}.tmp"  # a live writer's, being written
+    old_unknown = group / ".batch-000003-89abcdef.parquet.tmp"  # lox before 0.3 named no writer
+    new_unknown = group / ".batch-000004-89abcdef.parquet.tmp"
+    for path in (killed, live, old_unknown, new_unknown):
+        path.write_bytes(b"PAR1 half a file")
+    os.utime(old_unknown, (time.time() - 3600, time.time() - 3600))
+    second = lox.loggers.from_config(f"parquet:{runs}")
+    second.finish(second.init(name="second"))
+    assert not killed.exists() and not old_unknown.exists()
+    assert live.exists() and new_unknown.exists()
+    first_logs, second_logs = lox.load(runs).values()
+    assert first_logs["x"].tolist() == [0.0, 1.0, 2.0] and list(second_logs) == []
