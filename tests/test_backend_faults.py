@@ -307,3 +307,36 @@ def test_temporary_files_of_a_killed_writer_are_removed_when_the_folder_is_next_
     assert live.exists() and new_unknown.exists()
     first_logs, second_logs = lox.load(runs).values()
     assert first_logs["x"].tolist() == [0.0, 1.0, 2.0] and list(second_logs) == []
+
+
+def test_a_trackers_local_log_on_a_full_disk_stops_training_and_the_tracker_gets_everything_after(small_disk, tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    local, board = small_disk.path / "runs", tmp_path / "tb"
+    logger = lox.loggers.from_config(f"tensorboard:{board}?local={local}", flush_every=0.05, max_pending=16 * 1024)
+    state = logger.init(name="tracked")
+    train = jax.jit(lambda w, i: logger.spool(step, state)(w, i))
+    w = jnp.zeros(WIDTH)
+    small_disk.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(Exception, match=rf"backend tensorboard:{board}\?local={local} holds .*No space left on "
+                                            rf"device.*{local}"):
+            for i in range(2000):
+                w = train(w, i)
+                w.block_until_ready()
+                time.sleep(0.002)
+        with pytest.raises(BackendError, match="No space left on device"):
+            logger.flush()  # what the host call raised, raised by the next logger call
+        small_disk.free()
+        logger.finish(state)
+    steps, values = saved(local)
+    assert steps == list(range(len(steps))) and len(steps) >= 10
+    (run,) = logger.runs()
+    assert run.status == "finished"
+    accumulator = event_accumulator.EventAccumulator(
+        str(board / run.group / run.name), size_guidance={event_accumulator.HISTOGRAMS: 0}
+    )
+    accumulator.Reload()
+    assert [h.step for h in accumulator.Histograms("w")] == steps  # the tracker got every step the local log kept
+    assert [h.histogram_value.max for h in accumulator.Histograms("w")] == [float(s) for s in steps]
