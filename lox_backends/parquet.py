@@ -21,11 +21,14 @@ name, in one request (or one multipart upload), which the store makes visible
 only once complete and stored durably: the same guarantees, by other means.
 ``_run.json`` files are uploaded a few at a time in the background (a
 thousand vmapped seeds open a thousand runs) and waited for at every `flush`.
-Any Parquet reader can read the files directly::
+Any Parquet reader can read the batch files directly; their step columns
+differ where runs log with different step names, so read every file's columns
+(``lox_backends.store`` and docs/backends/parquet.md give each reader's call)::
 
-    pandas.read_parquet("DIR")                      # every run; filters=[("run", "==", run_id)] for one
-    polars.read_parquet("DIR/*/batch-*.parquet")
-    duckdb.sql("SELECT * FROM 'DIR/*/batch-*.parquet' WHERE key = 'loss'")
+    duckdb.sql("SELECT * FROM read_parquet('DIR/*/batch-*.parquet', union_by_name = true) WHERE run = 'RUN_ID'")
+    files = sorted(glob.glob("DIR/*/batch-*.parquet"))
+    polars.concat([polars.scan_parquet(f) for f in files], how="diagonal").collect()
+    pandas.concat([pandas.read_parquet(f) for f in files], ignore_index=True)
 
 A tracker backend sends from these files: it follows a `ParquetBackend` (its
 own local log, or a parquet backend of the same Logger writing the same
@@ -445,7 +448,16 @@ class _Uploads:
         before = self._last.get(folder)
         if before is not None and not before[0].done():
             concurrent.futures.wait([before[0]])  # the run's previous status first (a run opened and closed at once)
-        self._last[folder] = (self._pool.submit(storage.put, path, data), path, data)
+        try:
+            future = self._pool.submit(storage.put, path, data)
+        except RuntimeError:  # the interpreter exits (the exit flush): its thread pools take no more work
+            future = concurrent.futures.Future()
+            try:
+                storage.put(path, data)
+                future.set_result(None)
+            except Exception as error:  # noqa: BLE001 - raised by `wait`, as the pool's would be
+                future.set_exception(error)
+        self._last[folder] = (future, path, data)
 
     def wait(self) -> None:
         failed = None

@@ -105,7 +105,7 @@ def test_seeds_written_to_a_bucket_read_back_as_from_a_local_folder(s3_server, b
     keys = objects(s3_server, f"{bucket}/runs")
     assert [key for key in keys if not key.startswith(f"{group}.batches/")] == sorted(
         f"{run.run_id}/_run.json" for run in in_bucket)
-    (batch,) = [key for key in keys if key.startswith(f"{group}.batches/")]
+    (batch,) = [key for key in keys if key.startswith(f"{group}.batches/batch-")]  # beside it: the heartbeat
     assert store.BATCH_FILE.fullmatch(batch.split("/")[1])
 
     # One run, with or without a trailing slash; its _run.json; any Parquet reader reads the bucket.
@@ -133,7 +133,7 @@ def test_a_second_logger_continues_the_group_folder_of_a_bucket(s3_server, bucke
     again.write(run, lox.logdict({"x": np.array([2.0])}, {"step": {"x": np.array([1])}}).to_arrow(run="resumed"))
     again.close_run(run)
     again.close()
-    assert [key[:12] for key in objects(s3_server, f"{bucket}/runs/g.batches")] == [
+    assert [key[:12] for key in objects(s3_server, f"{bucket}/runs/g.batches") if key.startswith("batch-")] == [
         "batch-000000", "batch-000001"]
     (info,) = store.runs(f"{bucket}/runs")
     assert info["created"] == created and info["status"] == "finished"
@@ -171,8 +171,9 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable_in_a_bucket(s3_se
     proc.stderr.close()
     assert confirmed == list(range(len(confirmed)))
     keys = objects(s3_server, f"{bucket}/runs")
-    batches = [key for key in keys if key.startswith("g.batches/")]
-    assert keys == ["crash/_run.json", *batches]  # nothing partial, nothing temporary
+    batches = [key for key in keys if key.startswith("g.batches/batch-")]
+    (heartbeat,) = [key for key in keys if key.startswith("g.batches/_alive-")]  # the writer's
+    assert keys == ["crash/_run.json", heartbeat, *batches]  # nothing partial, nothing temporary
     assert all(store.BATCH_FILE.fullmatch(key.split("/")[1]) for key in batches)
     fs = s3_server.filesystem()
     for key in batches:  # every visible object is whole
@@ -183,7 +184,7 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable_in_a_bucket(s3_se
     np.testing.assert_array_equal(logs.step["loss"], np.arange(n))
     np.testing.assert_array_equal(logs["loss"], np.arange(n) * 0.25)
     np.testing.assert_array_equal(logs["w"][:, 1599], np.arange(n, dtype=np.float32) + 1599)
-    assert store.runs(f"{bucket}/runs")[0]["status"] == "running"
+    assert store.runs(f"{bucket}/runs")[0]["status"] == "killed"  # its writer is gone (store.run_status)
 
 
 EXITER = """
@@ -214,7 +215,7 @@ def test_other_filesystems_through_fsspec_get_a_hidden_name_then_a_move():
     loaded = lox.load(root)
     assert list(loaded) == [run.run_id for run in runs]
     np.testing.assert_array_equal(loaded[runs[0].run_id]["loss"], [1.0, 0.25, 0.0625])
-    names = [path.rsplit("/", 1)[1] for path in fsspec.filesystem("memory").find(root)]
+    names = [path.rsplit("/", 1)[1] for path in fsspec.filesystem("memory").find(root) if "/_alive-" not in path]
     assert sorted(names)[:2] == ["_run.json", "_run.json"] and len(names) == 3  # no temporary file left
     assert store.BATCH_FILE.fullmatch(sorted(names)[2])
 
@@ -266,7 +267,8 @@ def test_lox_sync_from_a_bucket_sends_each_batch_once(s3_server, bucket, tmp_pat
     run_folder = f"{bucket}/runs/{runs[0].run_id}"
     keys = objects(s3_server, run_folder)
     (folder,) = {key.split("/")[0] for key in keys if key.startswith("_sent-mlflow-")}
-    files = sorted(name for name, _, _ in store.storage.scan(f"{bucket}/runs/{runs[0].group}.batches"))
+    files = sorted(name for name, _, _ in store.storage.scan(f"{bucket}/runs/{runs[0].group}.batches")
+                   if store.BATCH_FILE.fullmatch(name))
     assert keys == sorted(["_run.json", f"{folder}/remote.json", f"{folder}/closed",
                            *(f"{folder}/{name}.sent" for name in files)])
     record = SentRecord(run_folder, "mlflow", f"sqlite:///{tmp_path}/m.db experiment=bucket")
