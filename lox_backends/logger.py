@@ -136,7 +136,7 @@ class Logger:
         for backend in self.backends:  # how often a local log's writer says it is alive (lox_backends.parquet)
             log = getattr(backend, "log", backend)
             if hasattr(log, "heartbeat_every"):
-                log.heartbeat_every = flush_every
+                setattr(log, "heartbeat_every", flush_every)  # noqa: B010 - any backend's local log has one
         self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
         self._closed = False
@@ -293,7 +293,7 @@ class Logger:
         deadline = time.monotonic() + self.timeout
         while self._router.backlog() >= MAX_ROUTER_BACKLOG and self._router.alive():
             if time.monotonic() >= deadline:
-                raise self._timeout(self.timeout, [self._router.name])
+                raise self._unfinished(self.timeout, [], router_stuck=True)
             time.sleep(0.001)
 
     # --- from JAX's callback threads (never block, never raise) ----------------------

@@ -174,9 +174,10 @@ class Registry:
         """A backend instance for one parsed spec."""
         spec = self.lookup(config.name, config)
         backend = spec.load()(config.target, dict(config.options))
+        target = "" if config.target is None else f":{config.target}"
         options = "".join(f"{'&' if i else '?'}{k}={v}" for i, (k, v) in enumerate(config.options.items()))
         try:  # as written in the config string (not URL-quoted): what names it in messages
-            backend.config = mask_secrets(f"{config.name}{'' if config.target is None else ':' + config.target}{options}")
+            backend.config = mask_secrets(f"{config.name}{target}{options}")
         except AttributeError:  # a backend class with __slots__: named by its class instead
             pass
         return backend

@@ -25,6 +25,7 @@ from typing import Callable
 
 from lox_backends.hooks import Backend
 
+
 class Worker:
     """One daemon thread that runs the submitted tasks in order.
 

@@ -110,9 +110,9 @@ def test_a_hanging_backend_holding_max_pending_stops_the_logger_at_its_next_call
     logs = lox.logdict({"x": np.arange(100.0)})
     logger.log(state, logs)
     deadline = time.monotonic() + 30
-    with pytest.raises(BackendError, match=r"backend Stuck holds \d+ batch\(es\) \(.* KiB\) of run\(s\) 'stuck-.*' that it "
-                                           r"could not write \(a call to it has not returned: it hangs\); that is more "
-                                           r"than the logger's max_pending \(1000 bytes\)"):
+    with pytest.raises(BackendError, match=r"backend Stuck holds \d+ batch\(es\) \(.* KiB\) of run\(s\) 'stuck-.*' "
+                                           r"that it could not write \(a call to it has not returned: it hangs\); that "
+                                           r"is more than the logger's max_pending \(1000 bytes\)"):
         while time.monotonic() < deadline:
             logger.log(state, logs)
             time.sleep(0.05)

@@ -19,7 +19,7 @@ import pytest
 
 import lox
 from lox_backends import hooks
-from lox_backends.logger import BackendError, Logger
+from lox_backends.logger import BackendError
 from lox_backends.memory import MemoryBackend
 from lox_backends.registry import registry
 

@@ -171,7 +171,7 @@ def test_backend_errors_surface_on_the_next_call_and_at_finish():
     logger = Logger([Failing(), working])
     states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
     jax.vmap(lambda s, w: logger.spool(train, s)(w, jnp.ones(3)))(states, jnp.ones(2))
-    with pytest.raises(BackendError, match=r"writing logs in the background failed: Failing: ValueError\('table refused'\)"):
+    with pytest.raises(BackendError, match=r"background failed: Failing: ValueError\('table refused'\)"):
         logger.finish(states)
     # The other backend got every seed's batch.
     assert [len(working.tables(r.run_id)) for r in logger.runs()] == [1, 1]
