@@ -1,10 +1,14 @@
 """A real S3-compatible server on 127.0.0.1, for the tests and the benchmarks:
 moto's standalone server (``moto[server]``) as a subprocess, stopped by its
 process group. Clients reach it through the standard AWS environment
-(`S3Server.env`), as users reach their buckets."""
+(`S3Server.env`), as users reach their buckets. Faults are real too: `pause`
+freezes the server (SIGSTOP: connections are accepted, nothing answers),
+`kill` ends it (connections refused), `start` brings it back on the same port;
+moto keeps its buckets in memory, so a restarted server has none."""
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,7 +76,28 @@ class S3Server:
     def create_bucket(self, name: str) -> None:
         self.filesystem(allow_bucket_creation=True).create_dir(name)
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): the kernel still accepts connections, nothing answers them."""
+        assert self.process is not None and self.process.poll() is None, "the server is not running"
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server answer again (SIGCONT; nothing happens to a running one)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a crash would: its port then refuses
+        connections, and what it held in memory (buckets, objects) is gone."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def bucket_exists(self, name: str) -> bool:
+        return self.filesystem().get_file_info(name).type != pafs.FileType.NotFound
+
     def stop(self) -> None:
+        self.resume()  # a paused server would not see SIGTERM
         stop_group(self.process)
 
     def log(self) -> str:
