@@ -21,6 +21,11 @@ the same order. `Job` is that job as a Logger sees it:
   debugging, and for logger calls inside `shard_map` / `pmap`.
 * **Values sharded across processes** are gathered at the call, on every
   process at once (`host_local`), so the writer gets the whole value.
+* **A process that dies.** JAX's coordination service ends the others only
+  when its own heartbeat times out (SIGABRT, a minute or more later), with no
+  exit flush. A `Watcher` in every process notices well before: it writes
+  what this process's loggers received and prints one line naming the
+  process that is gone.
 
 >>> job = Job("first")  # outside a multi-process job: one process, which writes
 >>> (job.index, job.count, job.writes, job.group(lambda: "g", timeout=1.0))
@@ -29,12 +34,20 @@ the same order. `Job` is that job as a Logger sees it:
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import json
+import os
+import socket
+import sys
+import threading
+import time
 from typing import Any, Callable
 
 import jax
 from jax.experimental import multihost_utils
 
+from lox_backends import shutdown
 from lox_core import _compat
 
 PROCESSES = ("first", "each")
@@ -55,6 +68,8 @@ class Job:
             )
         self.processes = processes
         self.index, self.count, self._client = _compat.distributed_runtime()
+        if self.count > 1:
+            watch(self.index, self._client)
 
     @property
     def writes(self) -> bool:
@@ -100,6 +115,174 @@ class Job:
                 "this lox Logger was created before `jax.distributed.initialize()`, so each process would "
                 "write runs of its own under different ids; create loggers after initializing the job."
             )
+
+
+HEARTBEAT_EVERY = 2.0  # seconds between two heartbeats of a process, and between two looks at the others'
+GONE_AFTER = 10.0  # a process whose heartbeat has not changed for this long is gone (JAX's own limit: 100 s)
+WRITE_WITHIN = 30.0  # seconds the loggers get to write what they received, well before JAX ends the job
+LEAVE_WITHIN = 5.0  # seconds interpreter exit waits at most to tell the others this process ends normally
+ALIVE = "lox/alive/"  # + process index: its heartbeat, or {"done": true} once it ends normally
+GONE = "lox/gone/"  # + process index: published by process 0 when that process is gone
+
+
+class Watcher:
+    """Notices, well before JAX does, that another process of the job is gone.
+
+    Every process but 0 writes a heartbeat (a counter, its host and pid) into
+    the job's key-value store every `HEARTBEAT_EVERY` seconds, from a daemon
+    thread, and ``done`` when it ends normally (`leave`, at interpreter exit),
+    so that a process that finishes first is not taken for dead. Process 0
+    hosts that store and reads them all: a heartbeat unchanged for
+    `GONE_AFTER` seconds is a process gone, which process 0 publishes. (When
+    process 0 itself dies, JAX ends the others at once: nothing is left to
+    do.) Each process that learns of it writes what its loggers received
+    (`Logger.write_received`), then prints one line saying so. Nothing of this
+    raises into the user's program, and the thread stops once
+    `jax.distributed.shutdown()` has ended the job."""
+
+    def __init__(self, index: int, client: Any):
+        self.index, self.client = index, client
+        self._lock = threading.Lock()  # a heartbeat is never written after `done`
+        self._beats = itertools.count(1)
+        self._who = {"host": socket.gethostname(), "pid": os.getpid()}
+        self._leaving = False
+        self._heard: dict[int, tuple[str, float]] = {}  # process 0: each one's last heartbeat, and when it changed
+        self._reported: set[int] = set()  # the processes this one learnt are gone
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lox-job-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def leave(self) -> None:
+        """This process ends normally: its peers are not to report it gone.
+        Waits `LEAVE_WITHIN` seconds at most (a store that does not answer
+        must not hold up exit)."""
+
+        def tell() -> None:
+            with self._lock:  # after the heartbeat being written, if one is
+                self._leaving = True
+                if self.index != 0 and self._current():
+                    try:
+                        self.client.key_value_set(f"{ALIVE}{self.index}", json.dumps({"done": True}),
+                                                  allow_overwrite=True)
+                    except Exception:  # noqa: BLE001 - the job's runtime is gone already: nobody is left to tell
+                        pass
+
+        teller = threading.Thread(target=tell, name="lox-job-leave", daemon=True)
+        teller.start()
+        teller.join(LEAVE_WITHIN)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _current(self) -> bool:
+        """Whether the job this watcher watches is still the one this process is in."""
+        return _compat.distributed_runtime()[2] is self.client
+
+    def _run(self) -> None:
+        try:
+            while self._current() and not self._stop.is_set():
+                try:
+                    self._look()
+                except Exception:  # noqa: BLE001 - the store did not answer (the job is ending): look again later
+                    pass
+                self._stop.wait(HEARTBEAT_EVERY)
+        except BaseException:  # noqa: BLE001 - never into the user's program, not even at interpreter exit
+            pass
+
+    def _look(self) -> None:
+        """One heartbeat; and on process 0, one look at every other's."""
+        if self.index != 0:
+            with self._lock:
+                if not self._leaving:
+                    beat = {"beat": next(self._beats), **self._who}
+                    self.client.key_value_set(f"{ALIVE}{self.index}", json.dumps(beat), allow_overwrite=True)
+            for _, value in self.client.key_value_dir_get(GONE):
+                self._gone(json.loads(value))
+            return
+        now = time.monotonic()
+        for key, value in self.client.key_value_dir_get(ALIVE):
+            process = int(key.rsplit("/", 1)[-1])
+            beat = json.loads(value)
+            if beat.get("done"):
+                self._heard.pop(process, None)  # ended normally: no longer watched
+                continue
+            last = self._heard.get(process)
+            if last is None or last[0] != value:
+                self._heard[process] = (value, now)
+            elif now - last[1] >= GONE_AFTER and process not in self._reported:
+                gone = {"process": process, "host": beat.get("host"), "pid": beat.get("pid"), "silent": now - last[1]}
+                self.client.key_value_set(f"{GONE}{process}", json.dumps(gone), allow_overwrite=True)
+                self._gone(gone)
+
+    def _gone(self, gone: dict[str, Any]) -> None:
+        """Act once on a process that is gone, in a thread of its own (this one goes on beating)."""
+        if gone["process"] in self._reported or gone["process"] == self.index:
+            return
+        self._reported.add(gone["process"])
+        threading.Thread(target=_write_and_say, args=(gone,), name="lox-job-gone", daemon=True).start()
+
+
+def _write_and_say(gone: dict[str, Any]) -> None:
+    """Write what every live logger of this process received, then print one line: which process is gone, what
+    happens next, and what lox wrote where."""
+    try:
+        deadline = time.monotonic() + WRITE_WITHIN
+        wrote, failed = [], []
+        for logger in shutdown.live():
+            if not getattr(getattr(logger, "_job", None), "writes", True):
+                continue  # processes="first" on a process other than 0: process 0 writes its runs
+            backends = getattr(logger, "backends", [])
+            targets = ", ".join(getattr(b, "config", None) or type(b).__name__ for b in backends)
+            try:
+                logger.write_received(max(deadline - time.monotonic(), 0.1))
+                wrote.append(targets)
+            except Exception as error:  # noqa: BLE001 - said on the line, and the other loggers still write
+                failed.append(f"logger {logger.name!r} could not write what it received to {targets}: "
+                              f"{type(error).__name__}: {error}")
+        where = f"{gone['host']}, pid {gone['pid']}" if gone.get("host") else "host unknown"
+        done = [f"lox wrote what this process's loggers had received to {', '.join(wrote)}"] if wrote else []
+        if not wrote and not failed:
+            done = ["this process has no runs to write"]
+        line = (f"lox: process {gone['process']} of this job ({where}) is gone: no heartbeat from it for "
+                f"{gone['silent']:.0f} s. JAX will end this process when its coordination service notices "
+                f"(SIGABRT); {'; '.join(done + failed)}.")
+        print(line.replace("\n", " "), file=sys.stderr, flush=True)
+    except BaseException:  # noqa: BLE001 - never into the user's program
+        pass
+
+
+_watcher: Watcher | None = None
+_watcher_lock = threading.Lock()
+
+
+def watch(index: int, client: Any) -> None:
+    """Start this process's `Watcher` of its job, once per job (on the first Logger created in it)."""
+    global _watcher
+    with _watcher_lock:
+        if _watcher is not None and _watcher.client is client and _watcher.running:
+            return
+        if _watcher is None:
+            # Registered now, after lox's and JAX's exit handlers, so that it runs before them (last registered
+            # first): before the loggers' exit flush and the job's exit barriers, which a process that finished
+            # first may wait in longer than GONE_AFTER.
+            atexit.register(_leave_at_exit)
+        else:
+            _watcher.stop()
+        _watcher = Watcher(index, client)
+        _watcher.start()
+
+
+def _leave_at_exit() -> None:
+    """At interpreter exit: this process ends normally. Its watcher goes on watching the others (process 0) and
+    reading who is gone while the exit flush runs, which a dead peer may block."""
+    if _watcher is not None:
+        _watcher.leave()
 
 
 def host_local(logs: Any) -> Any:

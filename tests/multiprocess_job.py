@@ -5,11 +5,14 @@
 8 CPU devices in all (8 / NUM_PROCESSES per process), gloo collectives. Prints
 one JSON line with what the test checks (run ids, tapped events, errors),
 except where it ends with an uncaught exception (the scenarios "raise-...").
+The scenarios "train-until-killed" and "finish-apart" (tests/test_process_death.py)
+print a line per step instead, and the first never ends by itself.
 """
 
 import json
 import os
 import sys
+import time
 
 
 def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str) -> dict:
@@ -25,6 +28,8 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
     if count > 1:
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=pid,
                                    initialization_timeout=120)
+    if scenario in ("train-until-killed", "finish-apart"):
+        return process_death(scenario, pid, folder, mode)
 
     import jax.numpy as jnp
     import numpy as np
@@ -107,6 +112,65 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
             except TimeoutError as error:
                 report["error"] = str(error)
     return report
+
+
+def process_death(scenario: str, pid: int, folder: str, mode: str) -> dict:
+    """Steps that sum a batch sharded over every device of the job (a collective, as a training step's
+    gradient is): each step logs the sum times the step from jit (process 0's host call writes it) and, outside
+    jit, the process index plus the step (each process's own value: written by process 0 with
+    processes="first", by each process with "each"). A line "step I" on stdout once step I reached the logger.
+
+    "train-until-killed": steps until the test kills a process (its peers then hang in the next step's
+    collective); flush_every is 600 s, so what lox writes before that is what it writes when a peer is gone.
+    "finish-apart": 3 steps; then the others finish and exit at once while process 0 goes on logging alone for
+    13 s (longer than a watcher waits for a silent process: lox_backends.processes.GONE_AFTER) before it
+    finishes, or, with MODE "shutdown", every process finishes and calls `jax.distributed.shutdown()`, and
+    process 0 lingers 13 s without the job."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import lox
+
+    devices = len(jax.devices())
+    mesh = jax.make_mesh((devices,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    data = np.arange(devices, dtype=np.float32)  # sums to devices * (devices - 1) / 2
+    batch = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("data")), lambda index: data[index])
+    processes = "each" if mode == "each" else "first"
+    logger = lox.loggers.from_config(f"parquet:{folder}", flush_every=600.0, processes=processes)
+    state = logger.init()
+
+    def train_step(x, i):
+        lox.log({"total": jnp.sum(x) * i}, step=i)
+        return x
+
+    step = jax.jit(lambda state, x, i: logger.spool(train_step, state)(x, i))
+
+    def log_local(value: float, i: int) -> None:  # outside jit: one event of a value this process holds
+        logger.log(state, lox.logdict({"local": np.array([value], np.float32)}, {"step": {"local": np.array([i])}}))
+    for i in range(3 if scenario == "finish-apart" else 10_000):
+        batch = step(state, batch, i)
+        log_local(pid * 100 + i, i)
+        jax.block_until_ready(batch)
+        jax.effects_barrier()  # this step's logs reached the logger
+        print(f"step {i}", flush=True)
+        time.sleep(0.2)
+    runs = [run.run_id for run in logger.runs()]
+    if mode == "shutdown":
+        logger.finish(state)
+        jax.distributed.shutdown()
+        if pid == 0:
+            time.sleep(13.0)  # without the job, while the others are gone
+    elif pid == 0:  # the others finish and exit first, while this one logs on alone
+        for i in range(3, 16):
+            time.sleep(1.0)
+            log_local(i, i)
+        logger.finish(state)
+    else:
+        logger.finish(state)
+    return {"process": pid, "runs": runs}
 
 
 if __name__ == "__main__":  # not when pytest collects this folder
