@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -252,4 +253,66 @@ def check_options(
                 f"the {backend} backend's option {name}={shown!r} is refused: {e} "
                 f"({specs[name].help}). E.g. {example!r}."
             ) from None
+    return typed
+
+
+# --- Logger options ------------------------------------------------------------------------
+def check_logger_options(
+    timeout: Any, flush_every: Any, max_pending: Any, on_error: Any, on_error_choices: tuple[str, ...]
+) -> tuple[float, float, int]:
+    """The options a `Logger` takes besides its backends, checked where the
+    Logger is made (`from_config`, `backend_logger`, `SaveLogger` pass them on):
+    `timeout` and `flush_every` are seconds (a finite number > 0, NumPy numbers
+    too), `max_pending` bytes (an int > 0), `on_error` one of
+    `on_error_choices`. Returns ``(timeout, flush_every, max_pending)`` as
+    Python numbers; `TypeError` / `ValueError` naming the option, the value
+    and what to pass.
+
+    >>> check_logger_options(30, 5, 2**20, "raise", ("raise", "warn"))
+    (30.0, 5.0, 1048576)
+    >>> check_logger_options(30, "5", 2**20, "raise", ("raise", "warn"))
+    Traceback (most recent call last):
+    ...
+    TypeError: a lox Logger's `flush_every` is a number of seconds (how often the backends are flushed), \
+got '5' (a str); pass a number, e.g. flush_every=5.0.
+    """
+    timeout = seconds("timeout", timeout, "how long `finish`, `flush` and `close` wait for a slow backend", 60)
+    flush_every = seconds("flush_every", flush_every, "how often the backends are flushed", 5.0)
+    what = "how many bytes of logs a failing backend may hold unwritten, to retry, before the Logger acts on it"
+    example = "e.g. max_pending=256 * 2**20 (256 MiB, the default)"
+    # bool is an int to Python, but `max_pending=True` is a mistake, not 1 byte.
+    if isinstance(max_pending, bool) or not isinstance(max_pending, numbers.Integral):
+        raise TypeError(
+            f"a lox Logger's `max_pending` is a number of bytes ({what}), got {max_pending!r} "
+            f"(a {type(max_pending).__name__}); pass an int, {example}."
+        )
+    if max_pending <= 0:
+        raise ValueError(
+            f"a lox Logger's `max_pending` is a number of bytes > 0 ({what}), got {max_pending!r}; pass {example}."
+        )
+    if not isinstance(on_error, str) or on_error not in on_error_choices:
+        raise ValueError(
+            f"a lox Logger's `on_error` is {' or '.join(map(repr, on_error_choices))}, got {on_error!r}: "
+            "'raise' (the default) stops training with an error at the next logger call once the local log "
+            "cannot write and `max_pending` is spent; 'warn' warns and keeps training without those logs."
+        )
+    return timeout, flush_every, int(max_pending)
+
+
+def seconds(option: str, value: Any, what: str, example: float) -> float:
+    """`value` of the Logger option `option` (`what` it sets) as seconds: a
+    finite number > 0 (a bool, a str, None, NaN and infinity are refused, as
+    every wait is bounded). `example` is shown in the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"a lox Logger's `{option}` is a number of seconds ({what}), got "
+            + ("None (every wait is bounded)" if value is None else f"{value!r} (a {type(value).__name__})")
+            + f"; pass a number, e.g. {option}={example!r}."
+        )
+    typed = float(value)
+    if not math.isfinite(typed) or typed <= 0:
+        instead = f"a large number, e.g. {option}=3600" if typed == math.inf else f"e.g. {option}={example!r}"
+        raise ValueError(
+            f"a lox Logger's `{option}` is a finite number of seconds > 0 ({what}), got {value!r}; pass {instead}."
+        )
     return typed

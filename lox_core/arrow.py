@@ -283,7 +283,7 @@ def _series(logs: logdict) -> list[_Series]:
     seen: dict[str, str] = {}
     for key, value in logs.items():
         steps = {name: np.asarray(per_key[key]) for name, per_key in logs.steps.items() if key in per_key}
-        for name, leaf in series_leaves(key, value):
+        for name, leaf in _named_leaves(key, value):
             _check_unique(name, key, seen, value)
             values = _host(name, leaf)
             batch_ndim = _batch_ndim(name, values, steps)
@@ -301,9 +301,38 @@ def series_leaves(key: str, value) -> list[tuple[str, Any]]:
     >>> import numpy as np
     >>> [name for name, _ in series_leaves("norms", {"l1": {"kernel": np.zeros(2)}, "b": [np.ones(2)]})]
     ['norms/b/0', 'norms/l1/kernel']
+
+    Every key logged passes here (`lox.log`, and a logger's checks of what
+    `logger.log` / `spool` / `tap` are given), so this is where an empty key,
+    or an empty dict key inside a value, is refused: neither can name a
+    series. (`to_arrow` and the readers convert whatever a logdict holds,
+    `_named_leaves`: files written before keep reading back.)
     """
-    return [("/".join([key, *(_path_part(p) for p in path)]), leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]]
+    return _named_leaves(key, value, check=True)
+
+
+def _named_leaves(key: str, value, check: bool = False) -> list[tuple[str, Any]]:
+    """`series_leaves`, which refuses empty names only if `check`."""
+    leaves = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+        parts = [key, *(_path_part(p) for p in path)]
+        if check and "" in parts:
+            raise ValueError(_empty_part_message(key, path, parts))
+        leaves.append(("/".join(parts), leaf))
+    return leaves
+
+
+def _empty_part_message(key: str, path, parts: list[str]) -> str:
+    if not key:
+        return (
+            "a key is empty (''): an empty key cannot be a series name (its column in files, its metric in "
+            'trackers). Give the value a name, e.g. `lox.log({"loss": x})`.'
+        )
+    where = key + jax.tree_util.keystr(tuple(path[: parts.index("", 1)]))
+    return (
+        f"key {key!r} holds an empty dict key ({where}): its leaves are named key/path, and an empty part "
+        f"cannot name a series ({'/'.join(parts)!r}). Give the dict key a name."
+    )
 
 
 def _check_unique(name: str, key: str, seen: dict[str, str], value=None) -> None:
@@ -359,7 +388,7 @@ def flatten_keys(logs: logdict, keys=None) -> logdict:
     valid: dict[str, Any] = {}
     seen: dict[str, str] = {}
     for key, value in logs.items():
-        leaves = series_leaves(key, value) if keys is None or key in keys else [(key, value)]
+        leaves = _named_leaves(key, value) if keys is None or key in keys else [(key, value)]
         for name, leaf in leaves:
             _check_unique(name, key, seen, value)
             data[name] = leaf

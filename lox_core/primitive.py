@@ -110,8 +110,7 @@ def log(
                 f"`lox.log` got no array for key {prefix + key!r} ({value!r}); log an array, a number or a "
                 "pytree of them, or leave the key out."
             )
-        if len(leaves) > 1:
-            _check_own_series(prefix + key, tree)
+        _check_own_series(prefix + key, tree)  # its series names: none empty, none twice
         leaves = [_check_value(prefix + key, leaf) for leaf in leaves]
         values[prefix + key] = jax.tree_util.tree_unflatten(tree, leaves)
         trees.append(tree)
@@ -141,8 +140,9 @@ def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> l
 
 
 def _check_own_series(key: str, tree) -> None:
-    """Refuse a key two of whose leaves give one series name (``key/path``):
-    no file or tracker could hold both (`lox_core.arrow.check_own_series`)."""
+    """Refuse a key whose leaves' series names (``key/path``) have an empty
+    part, or two of which are one name: no file or tracker could hold them
+    (`lox_core.arrow.check_own_series`)."""
     try:
         _own_series_checked(key, tree)  # once per key and structure
     except TypeError:  # a node whose aux data does not hash
