@@ -97,7 +97,8 @@ class Tracker:
             self._loggers.append(logger)
             number = len(self._loggers) - 1
         metadata = {**(config or {}), **({"name": name} if name is not None else {})}
-        return TrackerRun(logger.init(key, **metadata).run, self.backend, number)
+        state = logger.init(key, **metadata)
+        return TrackerRun(state.run, self.backend, number, opened_by=state.opened_by)
 
     def logger_of(self, run: TrackerRun, where: str | None = None) -> Logger:
         """The Logger `run` belongs to: its `spool`, `tap`, `runs()`... take the run too."""

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow as pa
 
-from lox_backends import hooks, shutdown
+from lox_backends import hooks, shutdown, storage
 from lox_backends import metadata as run_metadata
 from lox_backends.batching import Part, Waiting
 from lox_backends.checks import LogChecks
@@ -66,7 +66,7 @@ class LoggerState:
     that logger's `spool` / `tap` / `log` / `finish`."""
 
     run: jax.Array
-    logger: str | None = dataclasses.field(default=None, metadata={"static": True})
+    opened_by: str | None = dataclasses.field(default=None, kw_only=True, metadata={"static": True})  # its group
 
 
 _init_calls = itertools.count()
@@ -129,7 +129,7 @@ class Logger:
         self._next_flush = time.monotonic() + flush_every
         safe = safe_name(name)
         names = _names(self.backends)
-        self._outlets = [BackendWorker(b, n, safe) for b, n in zip(self.backends, names, strict=True)]
+        self._outlets = [BackendWorker(b, n, safe, timeout) for b, n in zip(self.backends, names, strict=True)]
         self._over_budget_warned: set[str] = set()  # outlets whose dropped writes were warned about (on_error="warn")
         self._lost_all = False  # logs that could not be converted: every run open then may miss some
         self._gave_up: dict[str, int] = {}  # outlet -> its progress when a wait for it timed out
@@ -141,6 +141,12 @@ class Logger:
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
         self._closed = False
         shutdown.register(self)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the runs of this logger (in a job of several
+        processes, only process 0 does unless ``processes="each"``)."""
+        return self._job.writes
 
     def __repr__(self) -> str:
         return f"Logger({self.name!r}, backends=[{', '.join(type(b).__name__ for b in self.backends)}])"
@@ -205,7 +211,7 @@ class Logger:
         if not traced(run):  # a host value, placed as arrays made here are (also under `jax.disable_jit`)
             run = jnp.asarray(np.asarray(run))
             failures.raise_pending()
-        return LoggerState(run, self.group)
+        return LoggerState(run, opened_by=self.group)
 
     def runs(self) -> list[hooks.RunInfo]:
         """Every run this logger opened, in order, with its `status`: "running"
@@ -611,11 +617,11 @@ class Logger:
         """Refuse what is not a state, and a state another logger opened (its run numbers are another's runs)."""
         if not isinstance(state, LoggerState):
             raise TypeError(f"`logger.{method}` takes the state returned by `logger.init`, got {type(state).__name__}.")
-        if state.logger is not None and state.logger != self.group:
-            other = _logger_names.get(state.logger, "?")
+        if state.opened_by is not None and state.opened_by != self.group:
+            other = _logger_names.get(state.opened_by, "?")
             raise ValueError(
                 f"`logger.{method}` of lox logger {self.name!r} (group {self.group!r}) got a state that lox logger "
-                f"{other!r} opened (group {state.logger!r}): its run numbers are that logger's runs. Pass each "
+                f"{other!r} opened (group {state.opened_by!r}): its run numbers are that logger's runs. Pass each "
                 "state to the logger whose `init` returned it."
             )
 
@@ -705,8 +711,12 @@ def from_config(
     """
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
-    return Logger([registry.create(c) for c in parse(config)], name=name, timeout=timeout, flush_every=flush_every,
-                  processes=processes, max_pending=max_pending, on_error=on_error)
+    # The options first: refused before any backend is made (and `timeout` bounds making them).
+    timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
+    with storage.time_limit(timeout):  # a backend checks its bucket when it is made
+        backends = [registry.create(c) for c in parse(config)]
+    return Logger(backends, name=name, timeout=timeout, flush_every=flush_every, processes=processes,
+                  max_pending=max_pending, on_error=on_error)
 
 
 def backend_logger(
@@ -724,7 +734,10 @@ def backend_logger(
     """A Logger for one backend by name: ``backend_logger("parquet", "runs",
     compression="zstd")``; `options` are the backend's (its ``?key=value``)."""
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
-    return Logger([registry.create(config)], name=name, timeout=timeout, flush_every=flush_every,
+    timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
+    with storage.time_limit(timeout):  # a backend checks its bucket when it is made
+        made = registry.create(config)
+    return Logger([made], name=name, timeout=timeout, flush_every=flush_every,
                   processes=processes, max_pending=max_pending, on_error=on_error)
 
 

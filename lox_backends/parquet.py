@@ -37,6 +37,7 @@ folder) as one of its `listeners`.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import datetime
@@ -203,7 +204,7 @@ class ParquetBackend(hooks.Backend):
         Logger says logs were lost), when, and how many rows it has."""
         state = self._state(run)
         try:
-            if run.run_id in state.group.pending:
+            if run.run_id in state.group.pending or state.group.uploads:
                 self._write_pending(state.group)
             self._sync()
             state.info["status"] = run.status if run.status in ("finished", "failed") else "finished"
@@ -298,6 +299,7 @@ class ParquetBackend(hooks.Backend):
         steps logging ``{"m": {"loss": x}}``, eval steps ``{"m": {"acc": y}}``)
         is listed as ``"flat"`` (`lox_core.arrow.FLAT`), and read flat, as
         when its structure differs between files."""
+        self._send_uploads(group)  # files an earlier try made first, in order
         queue = [(run_id, table) for run_id, tables in group.pending.items() for table in tables]
         group.pending, group.pending_rows = {}, 0
         written = 0  # tables of `queue` in files
@@ -318,11 +320,13 @@ class ParquetBackend(hooks.Backend):
                         trees[key] = tree if trees.get(key, tree) == tree else FLAT
             if part:
                 self._write_file(group, part, trees)
+                written += len(part)
         except BaseException:
             for run_id, table in queue[written:]:  # kept, in order, for the next try (nothing is lost)
                 group.pending.setdefault(run_id, []).append(table)
                 group.pending_rows += table.num_rows
             raise
+        self._send_uploads(group)
 
     def _write_file(self, group: _Group, part: list[tuple[str, pa.Table]], trees: dict[str, Any]) -> None:
         rows: dict[str, list[int]] = {}
@@ -347,18 +351,33 @@ class ParquetBackend(hooks.Backend):
         if self.remote:  # the whole file in memory, then one upload: never visible in part
             sink = pa.BufferOutputStream()
             write_table(table, sink, compression=self.compression)
-            storage.put(path, sink.getvalue())
-        else:
-            temp = os.path.join(group.folder, temp_name(name))
-            try:
-                with named_errors(path):
-                    write_table(table, temp, compression=self.compression)
-                    os.replace(temp, path)
-            except BaseException:
-                _remove_quietly(temp)
-                raise
-            self._unsynced_dirs.add(group.folder)
+            # Uploaded by `_send_uploads`, under this name whatever happens: an upload lox
+            # stopped waiting for may still land, and its retry then writes the same object.
+            group.uploads.append((path, sink.getvalue(), rows))
+            group.next_seq += 1
+            return
+        temp = os.path.join(group.folder, temp_name(name))
+        try:
+            with named_errors(path):
+                write_table(table, temp, compression=self.compression)
+                os.replace(temp, path)
+        except BaseException:
+            _remove_quietly(temp)
+            raise
+        self._unsynced_dirs.add(group.folder)
         group.next_seq += 1
+        self._written(path, rows)
+
+    def _send_uploads(self, group: _Group) -> None:
+        """Upload the group's files made for a bucket, in order; one that fails stays
+        (with those after it) for the next try, as it is."""
+        while group.uploads:
+            path, data, rows = group.uploads[0]
+            storage.put(path, data)
+            group.uploads.popleft()
+            self._written(path, rows)
+
+    def _written(self, path: str, rows: dict[str, list[int]]) -> None:
         self._unsynced_files.append((path, list(rows)))
         for run_id, (_, count) in rows.items():
             state = self._runs.get(run_id)
@@ -449,7 +468,7 @@ class _Uploads:
         if before is not None and not before[0].done():
             concurrent.futures.wait([before[0]])  # the run's previous status first (a run opened and closed at once)
         try:
-            future = self._pool.submit(storage.put, path, data)
+            future = self._pool.submit(storage.with_time_limit(storage.put), path, data)
         except RuntimeError:  # the interpreter exits (the exit flush): its thread pools take no more work
             future = concurrent.futures.Future()
             try:
@@ -490,13 +509,15 @@ class _RunState:
 class _Group:
     """The batch files of a group of runs, and their tables not written yet."""
 
-    __slots__ = ("folder", "next_seq", "pending", "pending_rows")
+    __slots__ = ("folder", "next_seq", "pending", "pending_rows", "uploads")
 
     def __init__(self, folder: str, next_seq: int):
         self.folder = folder
         self.next_seq = next_seq
         self.pending: dict[str, list[pa.Table]] = {}  # run id -> its tables, in arrival order
         self.pending_rows = 0
+        # In a bucket: files made and not uploaded yet (path, bytes, rows per run), in order.
+        self.uploads: collections.deque[tuple[str, pa.Buffer, dict[str, list[int]]]] = collections.deque()
 
 
 # --- helpers ---------------------------------------------------------------------------

@@ -235,7 +235,7 @@ def _write_and_say(gone: dict[str, Any]) -> None:
         deadline = time.monotonic() + WRITE_WITHIN
         wrote, failed = [], []
         for logger in shutdown.live():
-            if not getattr(getattr(logger, "_job", None), "writes", True):
+            if not getattr(logger, "writes", True):
                 continue  # processes="first" on a process other than 0: process 0 writes its runs
             backends = getattr(logger, "backends", [])
             targets = ", ".join(getattr(b, "config", None) or type(b).__name__ for b in backends)

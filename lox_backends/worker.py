@@ -23,6 +23,7 @@ import time
 import warnings
 from typing import Callable
 
+from lox_backends import storage
 from lox_backends.hooks import Backend
 
 
@@ -184,8 +185,9 @@ class BackendWorker:
     `finish`), and that call is skipped.
     """
 
-    def __init__(self, backend: Backend, name: str, logger: str):
+    def __init__(self, backend: Backend, name: str, logger: str, timeout: float | None = None):
         self.backend = backend
+        self.timeout = timeout  # bounds each request to a store that a call makes (`storage.time_limit`)
         self.name = name  # in messages: the config string, or the class
         self.fault: OSError | None = None  # what the call being retried raised (None: the backend works)
         self.lost_runs: set[str] = set()  # names of runs whose tables a skipped write did not write
@@ -282,7 +284,8 @@ class BackendWorker:
         while True:
             self._began = time.monotonic()
             try:
-                method(self.backend)
+                with storage.time_limit(self.timeout):
+                    method(self.backend)
             except OSError as error:
                 if self._closing.is_set():  # the logger gave up on this backend: one last try
                     if self.fault is not None:
@@ -290,9 +293,9 @@ class BackendWorker:
                     raise
                 if self.fault is None:
                     warnings.warn(
-                        f"lox: backend {self.name} cannot {label}: {error}. lox keeps the logs it could not write "
-                        "and tries again until the fault clears (nothing is lost meanwhile, up to the logger's "
-                        "max_pending bytes).",
+                        f"lox: backend {self.name} cannot {label}: {str(error).rstrip('.')}. lox keeps the logs it "
+                        "could not write and tries again until the fault clears (nothing is lost meanwhile, up to "
+                        "the logger's max_pending bytes).",
                         RuntimeWarning,
                         stacklevel=2,
                     )

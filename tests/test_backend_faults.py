@@ -6,6 +6,7 @@ suite and CI run as root)."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,6 +72,12 @@ def by_hand(steps) -> np.ndarray:
 def saved(folder) -> tuple[list[int], np.ndarray]:
     (logs,) = lox.load(folder).values()
     return logs.step["w"].tolist(), np.asarray(logs["w"])
+
+
+def lox_runs(folder) -> list[dict]:
+    from lox_backends import store
+
+    return store.runs(folder)
 
 
 def run_json(folder) -> dict:
@@ -340,3 +347,72 @@ def test_a_trackers_local_log_on_a_full_disk_stops_training_and_the_tracker_gets
     accumulator.Reload()
     assert [h.step for h in accumulator.Histograms("w")] == steps  # the tracker got every step the local log kept
     assert [h.histogram_value.max for h in accumulator.Histograms("w")] == [float(s) for s in steps]
+
+
+@pytest.fixture
+def own_s3(tmp_path, monkeypatch):
+    """A moto S3 server of this test's own (it is stopped, killed and restarted) and a bucket on it."""
+    from s3_server import S3Server
+
+    server = S3Server(tmp_path).start()
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)
+    server.create_bucket("faults")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_frozen_bucket_is_waited_for_within_the_timeout_warned_about_and_nothing_is_lost(own_s3):
+    runs = "s3://faults/runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.2, timeout=4)
+    state = logger.init(name="frozen")
+    train = jax.jit(logger.spool(step, state))
+    w = jnp.zeros(WIDTH)
+    for i in range(5):
+        w = train(w, i)
+    logger.flush()
+    own_s3.pause()  # SIGSTOP: connections open, no answer
+    try:
+        with pytest.warns(RuntimeWarning) as warned:
+            for i in range(5, 15):
+                w = train(w, i)
+            jax.effects_barrier()
+            time.sleep(9)  # a write waits 4 s (the logger's timeout), then is tried again
+    finally:
+        own_s3.resume()
+    (message,) = [str(w.message) for w in warned]
+    assert re.fullmatch(rf"lox: backend parquet:{runs} cannot flush: lox: writing '{runs}/.*batch-\d+-\w+\.parquet' "
+                        r"did not finish within 4 s; lox stopped waiting for it\. Check that the store answers .*",
+                        message), message
+    logger.finish(state, timeout=60)
+    steps, values = saved(runs)
+    assert steps == list(range(15))
+    np.testing.assert_array_equal(values, by_hand(range(15)))
+    assert lox_runs(runs)[0]["status"] == "finished"
+
+
+def test_a_killed_and_restarted_bucket_server_gets_what_was_logged_meanwhile(own_s3):
+    runs = "s3://faults/runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.2, timeout=5)
+    state = logger.init(name="restarted")
+    logger.flush()
+    own_s3.kill()
+    train = jax.jit(logger.spool(step, state))
+    w = jnp.zeros(WIDTH)
+    with pytest.warns(RuntimeWarning, match=rf"backend parquet:{runs} cannot flush: .*{runs}"):
+        for i in range(10):
+            w = train(w, i)
+        jax.effects_barrier()
+        time.sleep(2)
+        with pytest.raises(BackendError, match=rf"parquet:{runs} could not write \d+ batch\(es\) .* of run\(s\) "
+                                               r"'restarted-.*' within 1 s"):
+            logger.flush(timeout=1)
+    own_s3.start()  # on the same port; moto forgets its buckets: made again, as an operator would
+    own_s3.create_bucket("faults")
+    logger.finish(state, timeout=60)
+    steps, values = saved(runs)
+    assert steps == list(range(10))
+    np.testing.assert_array_equal(values, by_hand(range(10)))
+    assert lox_runs(runs)[0]["status"] == "finished"

@@ -120,7 +120,7 @@ def test_a_logger_call_raises_a_tap_exception_pending_from_a_jitted_program():
     assert logger.backends[0].logs()["loss"].tolist() == [0, 1, 3]  # the second step's only
 
 
-class Unprintable:
+class Unprintable(str):  # a str, which metadata may hold, that fails when the run is named
     def __str__(self):
         raise TypeError("this name cannot be printed")
 
@@ -129,7 +129,7 @@ def test_logger_init_raises_what_its_host_call_raised():
     logger = lox.loggers.from_config("memory")
     with pytest.raises(TypeError, match=r"^this name cannot be printed\nraised by `logger\.init` of lox logger 'lox' "
                                         r"while opening runs$") as raised:
-        logger.init(name=Unprintable())
+        logger.init(name=Unprintable("unnamed"))
     assert innermost(raised.value) == "__str__"
     state = logger.init(name="fine")  # the logger still works
     logger.finish(state)
