@@ -35,7 +35,7 @@ from lox_backends import hooks, shutdown, storage
 from lox_backends import metadata as run_metadata
 from lox_backends.batching import Part, Waiting
 from lox_backends.checks import LogChecks
-from lox_backends.config import BackendConfig, check_logger_options, parse
+from lox_backends.config import BackendConfig, check_logger_options, parse, seconds
 from lox_backends.processes import Job, host_local
 from lox_backends.registry import registry
 from lox_backends.runs import Runs, new_group, safe_name
@@ -531,9 +531,9 @@ class Logger:
         TimeoutError naming what is stuck. At interpreter exit, a backend that
         an earlier wait gave up on and that made no progress since is not
         waited for again."""
-        timeout = self.timeout if timeout is None else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        left = lambda: None if deadline is None else max(deadline - time.monotonic(), 0.0)  # noqa: E731
+        timeout = self.timeout if timeout is None else seconds("timeout", timeout, "how long this call waits", 60)
+        deadline = time.monotonic() + timeout
+        left = lambda: max(deadline - time.monotonic(), 0.0)  # noqa: E731
 
         def in_router() -> None:
             failed: Exception | None = None

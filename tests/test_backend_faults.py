@@ -416,3 +416,16 @@ def test_a_killed_and_restarted_bucket_server_gets_what_was_logged_meanwhile(own
     assert steps == list(range(10))
     np.testing.assert_array_equal(values, by_hand(range(10)))
     assert lox_runs(runs)[0]["status"] == "finished"
+
+
+def test_a_call_with_a_bad_timeout_is_refused_naming_it():
+    logger = lox.loggers.from_config("memory")
+    state = logger.init()
+    for call in (lambda: logger.finish(state, timeout=-3), lambda: logger.flush(timeout=float("nan")),
+                 lambda: logger.write_received(timeout=0)):
+        with pytest.raises(ValueError, match=r"`timeout` is a finite number of seconds > 0 \(how long this call "
+                                             r"waits\), got .*; pass e\.g\. timeout=60"):
+            call()
+    with pytest.raises(TypeError, match=r"`timeout` is a number of seconds \(how long this call waits\), got '5'"):
+        logger.finish(state, timeout="5")
+    logger.finish(state)
