@@ -3,7 +3,8 @@
     lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
     lox plot RUN_DIR --key loss -o loss.png                 one curve per run and key (--run, --group choose runs)
     lox backends                                            installed backends and their packages
-    lox sync RUN_DIR --to SPEC                              send saved runs to a tracker (what is missing)
+    lox runs RUN_DIR                                        the runs of a folder: name, id, status, created, rows
+    lox sync RUN_DIR --to SPEC [--timeout 30]               send saved runs to a tracker (what is missing)
     lox --version
 
 RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox_backends.storage).
@@ -12,14 +13,16 @@ RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.metadata
 import sys
 
+from lox_backends import store
 from lox_backends.config import mask_secrets
 from lox_backends.demo import run_demo
 from lox_backends.plot import plot_runs
 from lox_backends.registry import registry
-from lox_backends.tracker import SyncError, sync
+from lox_backends.tracker import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
 
 
 def version() -> str:
@@ -88,6 +91,22 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument(
         "--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'"
     )
+    sync.add_argument(
+        "--timeout", type=float, default=DEFAULT_SYNC_TIMEOUT, metavar="SECONDS",
+        help="give up when one step (a call to the tracker, reading a run's files) takes longer than this "
+             f"(default: {DEFAULT_SYNC_TIMEOUT:g}); nothing is recorded as sent that was not",
+    )
+
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs of a folder: name, run id, status, created, rows",
+        description=(
+            "List the runs saved in a folder (by the parquet backend, or a tracker's local log), oldest first, "
+            "one line each: name, run id, status (running, finished, failed, or killed: its process died), "
+            "when it was created (UTC), and how many rows it holds once it ended."
+        ),
+    )
+    runs.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
 
     args = parser.parse_args(argv)
     if args.command is None:  # bare `lox`
@@ -111,9 +130,11 @@ def _run(args) -> None:
         ))
     elif args.command == "backends":
         print(backends_table())
+    elif args.command == "runs":
+        print(runs_table(args.path))
     elif args.command == "sync":
         try:
-            done, error = sync(args.path, args.to), None
+            done, error = sync(args.path, args.to, timeout=args.timeout), None
         except SyncError as failure:
             done, error = failure.done, failure
         total_files = total_rows = 0
@@ -121,10 +142,37 @@ def _run(args) -> None:
             print(f"{folder}: sent {files} batch file(s), {rows} row(s)")
             total_files, total_rows = total_files + files, total_rows + rows
         print(f"sent {total_files} batch file(s), {total_rows} row(s) to {mask_secrets(args.to)}")
+        if isinstance(error, SyncTimeout):  # its message says what to do
+            print(f"lox sync: error: {error}", file=sys.stderr)
+            raise SystemExit(1)
         if error is not None:
             print(f"lox sync: error: {error}\nRun `lox sync` again once the cause is fixed: it sends only what "
                   "is missing.", file=sys.stderr)
             raise SystemExit(1)
+
+
+def runs_table(path: str) -> str:
+    """The runs at `path`, oldest first, one line each under a header: name,
+    run id, status (a run whose process died: killed), when it was created
+    (UTC, to the second), and its rows where ``_run.json`` records them (once
+    the run ended)."""
+    rows = [("name", "run id", "status", "created (UTC)", "rows")]
+    for info in store.runs(path):
+        rows.append((str(info.get("name", "")), str(info.get("run_id", "")), str(info.get("status", "")),
+                     _utc(info.get("created")), str(info["rows"]) if "rows" in info else ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join([*(f"{row[i]:<{widths[i]}}" for i in range(4)), row[4]]).rstrip() for row in rows)
+
+
+def _utc(created) -> str:
+    """An ISO-8601 time as ``YYYY-MM-DD HH:MM:SS`` in UTC (as it is, if it is not one)."""
+    try:
+        when = datetime.datetime.fromisoformat(str(created))
+    except ValueError:
+        return str(created or "")
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def backends_table() -> str:

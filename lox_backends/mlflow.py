@@ -24,7 +24,9 @@ What goes where:
 * Array-valued events (and complex scalars) go to the run's artifacts as Parquet files,
   ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
   folder of them; so do pandas and DuckDB).
-* A run ends ``FINISHED`` when ``logger.finish`` closes it.
+* A run ends ``FINISHED`` when ``logger.finish`` closes it, ``FAILED`` when
+  it failed (logs were lost, or the program raised); ``lox sync`` ends a run
+  whose process died ``KILLED`` (a run still being written stays ``RUNNING``).
 
 Every value gets the timestamp of the batch file it was written to, so that a
 batch sent again (after a crash, with ``lox sync``) repeats exactly the values
@@ -36,6 +38,7 @@ stored once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,13 +49,14 @@ import pyarrow.parquet as pq
 
 from lox_backends import hooks
 from lox_backends.config import Option
-from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
+from lox_backends.tracker import Batch, TrackerBackend, arrays, ended_status, scalars
 from lox_core.logdict import NO_STEP
 
 DEFAULT_EXPERIMENT = "lox"
 MAX_METRICS = 1000  # per log_batch request (MLflow's limit)
 MAX_PARAMS = 100
 MAX_PARAM_VALUE = 6000
+STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}  # lox's → MLflow's run status
 _INVALID = re.compile(r"[^\w./\- :]")  # what MLflow refuses in metric and param names
 
 
@@ -146,7 +150,26 @@ class MlflowBackend(TrackerBackend):
                 self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
-        self._client.set_terminated(remote["run_id"], "FINISHED")
+        self._client.set_terminated(remote["run_id"], STATUSES.get(ended_status(run), "FAILED"))
+
+    @contextlib.contextmanager
+    def calls_within(self, seconds: float):
+        """While ``lox sync`` runs: MLflow's client would retry a request that
+        fails 7 times over about 4 minutes, and wait 120 s for each answer
+        (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``,
+        read at every request): unless those variables are set, it tries
+        once and waits `seconds` (whole seconds, at least 1) for an answer, so
+        that an unreachable server is reported at once, with MLflow's own
+        error naming the request (lox sync is the retry: run it again)."""
+        wanted = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(seconds)))}
+        chosen = {name: value for name, value in wanted.items() if name not in os.environ}
+        os.environ.update(chosen)
+        try:
+            yield
+        finally:
+            for name, value in chosen.items():
+                if os.environ.get(name) == value:
+                    del os.environ[name]
 
     def transient(self, error: Exception) -> bool:
         """Retried: the server unreachable, overloaded or failing (HTTP 5xx, 429),

@@ -30,7 +30,11 @@ What goes where, in each Neptune run:
 * Neptune series cannot hold NaN or infinity, and keep one value per step in
   strictly increasing step order: such values are not sent (one warning per
   series; every value stays in the local log).
-* ``logger.finish`` stops the Neptune run (``run.stop()``).
+* ``logger.finish`` stops the Neptune run (``run.stop()``), setting
+  ``lox/status`` to how it ended: ``finished``, or ``failed`` (logs were lost,
+  or the program raised) with ``sys/failed`` true, Neptune's mark of a failed
+  run; ``lox sync`` stops a run whose process died as ``killed`` (and
+  ``sys/failed``).
 
 Sending again: a batch file is recorded as sent once Neptune has it (offline:
 written to its folder and flushed to the operating system; async and sync:
@@ -62,7 +66,7 @@ import pyarrow.parquet as pq
 
 from lox_backends import hooks
 from lox_backends.config import Option
-from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
+from lox_backends.tracker import Batch, TrackerBackend, arrays, ended_status, scalars
 from lox_core.logdict import NO_STEP
 
 if TYPE_CHECKING:  # an optional dependency, imported when a backend is created
@@ -172,10 +176,16 @@ class NeptuneBackend(TrackerBackend):
         return neptune_run
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
+        status = ended_status(run)
+        if status != "finished" and run.run_id not in self._open_runs:
+            self._run(run)  # `lox sync` of a killed run with nothing left to send: to say how it ended
         neptune_run = self._open_runs.pop(run.run_id, None)
         self._last_steps.pop(run.run_id, None)
         if neptune_run is not None:
             with _quiet():
+                neptune_run["lox/status"] = status
+                if status != "finished":
+                    neptune_run["sys/failed"] = True  # what Neptune shows as the run's failure
                 neptune_run.stop()  # waits until everything is on disk (offline) or at the server
 
     def shutdown(self) -> None:

@@ -28,14 +28,16 @@ What goes where:
   which lists the run's scalars as its metrics), written by the run's own
   writer into its own event file; and a text summary ``_lox/run`` (a table:
   name, run id, group, index and the metadata) in the TEXT dashboard;
-  ``logger.finish`` ends the session (status: success). tensorboardX's
+  ``logger.finish`` ends the session (status: success; failure for a run
+  that failed, or that ``lox sync`` finds killed). tensorboardX's
   ``add_hparams`` is not used: it writes a second event file, and TensorBoard's
   Python reader then stops reading the first one, which holds the scalars.
 
-Every batch is written to the local log first (``local=DIR``, ``lox-runs`` by
-default), then converted in a background thread and flushed to the event file
-(fsynced): ``logger.flush()`` returns once TensorBoard can read everything
-logged before it. ``lox sync DIR --to tensorboard:OUT`` converts saved runs,
+Every batch is written to the local log first (the Logger's ``parquet``
+backend, if it has one; else ``lox-runs``, or ``local=DIR``), then converted
+in a background thread and flushed to the event file (fsynced):
+``logger.flush()`` returns once TensorBoard can read everything logged before
+it. ``lox sync DIR --to tensorboard:OUT`` converts saved runs,
 each batch file once (see ``lox_backends.tracker``). A batch that was being
 written when the process died is written again by ``lox sync``, into a new
 event file of the same folder: every event carries its batch file's time, and
@@ -57,7 +59,7 @@ import numpy as np
 
 from lox_backends import hooks
 from lox_backends.parquet import check_writable
-from lox_backends.tracker import Batch, TrackerBackend, arrays, scalars
+from lox_backends.tracker import Batch, TrackerBackend, arrays, ended_status, scalars
 from lox_core import schema
 from lox_core.arrow import from_arrow
 from lox_core.logdict import NO_STEP
@@ -67,7 +69,7 @@ FILE_VERSION = "brain.Event:2"
 RUN_TAG = "_lox/run"  # the text summary of the run and its metadata
 HPARAMS_TAG = "_hparams_/session_start_info"  # what TensorBoard's HPARAMS dashboard reads
 HPARAMS_END_TAG = "_hparams_/session_end_info"
-STATUS_SUCCESS = 1  # tensorboard.hparams.Status
+STATUS_SUCCESS, STATUS_FAILURE = 1, 2  # tensorboard.hparams.Status
 FALLBACK_BINS = 64  # for arrays beyond TensorFlow's buckets (|x| > 1e20)
 _UNSAFE = re.compile(r'[\\/:*?"<>|\x00-\x1f]+')  # not in a folder name
 
@@ -134,7 +136,7 @@ class TensorboardBackend(TrackerBackend):
         writer = self._writers.pop(run.run_id, None)
         if writer is not None:
             if run.metadata:
-                writer.write_end()
+                writer.write_end(STATUS_SUCCESS if ended_status(run) == "finished" else STATUS_FAILURE)
             writer.close()
 
     def shutdown(self) -> None:
@@ -238,11 +240,11 @@ class _RunWriter:
         self._file.flush()
         self.has_metadata = True
 
-    def write_end(self) -> None:
-        """The session finished (the HPARAMS dashboard's status: success)."""
+    def write_end(self, status: int = STATUS_SUCCESS) -> None:
+        """The session ended (the HPARAMS dashboard's status: success or failure)."""
         tbx, now = self.tbx, time.time()
         end = tbx.HParamsPluginData(version=0, session_end_info=tbx.SessionEndInfo(
-            status=STATUS_SUCCESS, end_time_secs=now)).SerializeToString()
+            status=status, end_time_secs=now)).SerializeToString()
         plugin = tbx.SummaryMetadata.PluginData(plugin_name="hparams", content=end)
         value = tbx.Value(tag=HPARAMS_END_TAG, metadata=tbx.SummaryMetadata(plugin_data=plugin))
         self._file.write(tbx.Event(wall_time=now, step=0, summary=tbx.Summary(value=[value])).SerializeToString())

@@ -2,14 +2,18 @@
 
 A `TrackerBackend` never sends a batch that is not on disk. What a Logger hands
 it goes into a local log, a folder of lox runs in the Parquet format of the
-``parquet`` backend (option ``local=DIR``, ``lox-runs`` by default, so
-`lox.load` reads it). Each time that log makes files durable (every flush, a
-few seconds apart, and when a run finishes), the files are queued for a
-background thread that sends them to the tracker, one request per batch API
-call, retrying with backoff while the tracker is unreachable (one warning, then
-quiet). The training loop never waits for the tracker; `logger.finish`,
-`logger.flush` and interpreter exit wait for the sending, within the logger's
-timeout, and warn about what is still unsent.
+``parquet`` backend, so `lox.load` reads it. One per Logger: the Logger's
+``parquet`` backend when it has one (``console,parquet:runs,mlflow`` sends from
+``runs``), else the folder that another of its trackers was given with
+``local=DIR``, else ``lox-runs``; a tracker given ``local=DIR`` writes that
+folder (a second copy, unless the parquet backend writes there too). Each time
+that log makes files durable (every flush, a few seconds apart, and when a run
+finishes), the files are queued for a background thread that sends them to the
+tracker, one request per batch API call, retrying with backoff while the
+tracker is unreachable (one warning, then quiet). The training loop never
+waits for the tracker; `logger.finish`, `logger.flush` and interpreter exit
+wait for the sending, within the logger's timeout, and warn about what is still
+unsent.
 
 Per run and destination, the files that reached the tracker are recorded in
 ``DIR/<run_id>/_sent-<tracker>-<hash>.jsonl`` (with the tracker's own run id),
@@ -18,10 +22,17 @@ the tracker was down, or to a tracker the run was never sent to. ``DIR`` may
 be a folder in a bucket (``lox sync s3://bucket/runs --to SPEC``, or a
 tracker's ``local=s3://...``): objects cannot be appended to, so there the
 record is a folder ``DIR/<run_id>/_sent-<tracker>-<hash>/`` of small objects,
-one per entry, written after the tracker took the file (see `SentRecord`). A batch that
-was being sent when the process died is sent again; trackers are given the
-same timestamps for it, which MLflow's database and W&B's step order use to
-drop the repeated values (see each backend's page).
+one per entry, written after the tracker took the file (see `SentRecord`). A
+batch that was being sent when the process died is sent again; trackers are
+given the same timestamps for it, which MLflow's database and W&B's step order
+use to drop the repeated values (see each backend's page). A run's
+``_sending-*.lock`` file keeps two processes from sending it to one destination
+at once; it is removed when its sender lets go of it (a killed sender's, by the
+next ``lox sync`` of the run).
+
+``lox sync`` bounds every step it takes (each call to the tracker, each read
+of a run's files) by its ``--timeout`` (`sync`'s `timeout`), and tells the
+tracker a run's status (``finished``, ``failed``, ``killed``) when it ends it.
 
 A backend for another tracker subclasses `TrackerBackend` and implements
 `destination`, `start_run`, `send` and `end_run` (see ``plugins.md``).
@@ -29,21 +40,28 @@ A backend for another tracker subclasses `TrackerBackend` and implements
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import IO, Callable, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks (see `SentRecord.lock`)
+    fcntl = None
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_backends import hooks, shutdown, storage
+from lox_backends import hooks, shutdown, storage, store
 from lox_backends.config import BackendConfig, Option, check_options, mask_secrets, parse
 from lox_backends.parquet import LogListener, ParquetBackend, check_writable
 from lox_backends.registry import registry
@@ -54,13 +72,16 @@ from lox_core.arrow import dictionary_codes
 from lox_core.logdict import NO_STEP
 
 COMMON_OPTIONS = {
-    "local": Option("folder of the local log that is sent from", default=DEFAULT_DIR),
+    # Without it: the Logger's parquet backend's folder (or another tracker's `local`), else the default.
+    "local": Option("folder of the local log that is sent from, if not the Logger's parquet backend's",
+                    default=DEFAULT_DIR),
 }
 RETRY_FIRST = 0.5  # seconds before the first retry; doubled each time
 RETRY_MAX = 30.0
 # A tracker call unanswered this long is warned about while it goes on: clients
 # retry internally (MLflow's for minutes), so a tracker down for good raises nothing for a long time.
 SLOW_CALL = 5.0
+T = TypeVar("T")
 
 
 class TrackerBackend(hooks.Backend):
@@ -79,7 +100,10 @@ class TrackerBackend(hooks.Backend):
       died right after creating it): look for it before creating another.
     * `send(run, remote, batch)`: send one `Batch` (a batch file's table:
       rows of one run, ordered by step) with the tracker's batch API.
-    * `end_run(run, remote)`: the run finished. `shutdown()`: no more runs.
+    * `end_run(run, remote)`: the run ended; `ended_status(run)` says how:
+      ``"finished"``, ``"failed"`` (logs were lost, or the program raised), or
+      ``"killed"`` (``lox sync`` of a run whose process died): tell the
+      tracker, if it has the notion. `shutdown()`: no more runs.
 
     Raise on failure: lox retries the call with backoff when `transient`
     says the error may pass, and otherwise reports it once and skips the batch
@@ -89,6 +113,10 @@ class TrackerBackend(hooks.Backend):
     the run ends (W&B offline) sets `confirms_at_end`: a run's batch files are
     then recorded as sent only once `end_run` returned, and ``lox sync`` ends
     the runs it sends to.
+
+    ``lox sync --timeout`` stops waiting for a call that takes longer; a client
+    that retries for long on its own can be told to give up sooner
+    (`calls_within`).
     """
 
     tracker = "tracker"
@@ -103,16 +131,18 @@ class TrackerBackend(hooks.Backend):
         specs = {**{name: Option(what) for name, what in self.options_help.items()}, **self.option_specs,
                  **COMMON_OPTIONS}
         self.settings = check_options(self.tracker, self.options, specs, self.example)
-        local = storage.resolve(self.settings["local"])
-        if not storage.is_uri(local):
-            check_writable(local, f"the {self.tracker} backend's local folder (option local)")
-        self.log = ParquetBackend(local)
-        self._follower = _Follower(self)
-        self.log.listeners.append(self._follower)
+        # Resolved now, as a parquet backend's folder: a later os.chdir changes nothing.
+        self._local = storage.resolve(self.settings["local"])
+        self._local_given = "local" in self.options  # else the Logger's parquet backend is the local log
+        self._log: ParquetBackend | None = None
         self._owns_log = True
+        self._follower = _Follower(self)
+        if self._local_given:  # checked now, so that a Logger refuses a folder it cannot write
+            self._create_log()
         self._runs: dict[str, hooks.RunInfo] = {}
         self._sender = _Sender(self)
         self._gave_up_at: tuple[int, int] | None = None  # `_sender.progress()` when a wait last timed out
+        self._bound: _Bound | None = None  # set while `lox sync` sends (`sync`'s timeout)
 
     # --- what subclasses implement ---------------------------------------------------
     def destination(self) -> str:
@@ -146,22 +176,49 @@ class TrackerBackend(hooks.Backend):
 
     # --- the local log ---------------------------------------------------------------
     @property
+    def log(self) -> ParquetBackend:
+        """The local log this tracker sends from (see `attach`); made in its
+        folder on first use when no Logger attached the backend."""
+        return self._log if self._log is not None else self._create_log()
+
+    @property
     def local_root(self) -> str:
-        return self.log.root
+        """The local log's folder (for messages; it makes no folder)."""
+        return self._log.root if self._log is not None else self._local
+
+    def _create_log(self) -> ParquetBackend:
+        if not storage.is_uri(self._local):
+            check_writable(self._local, f"the {self.tracker} backend's local folder (option local)")
+        return self._use_log(ParquetBackend(self._local), owns=True)
+
+    def _use_log(self, log: ParquetBackend, owns: bool) -> ParquetBackend:
+        if self._log is not None:
+            self._log.listeners.remove(self._follower)
+        self._log, self._owns_log = log, owns
+        log.listeners.append(self._follower)
+        return log
 
     def attach(self, backends: list[hooks.Backend]) -> None:
-        """One writer per local folder: a parquet backend of the same Logger
-        writing this tracker's local folder (or an earlier tracker's local log
-        there) is sent from, instead of writing every table there a second time."""
-        shared = [b for b in backends if isinstance(b, ParquetBackend) and b.root == self.local_root]
-        if not shared:
-            earlier = backends[: next(i for i, b in enumerate(backends) if b is self)]
-            shared = [b.log for b in earlier if isinstance(b, TrackerBackend) and b._owns_log
-                      and b.local_root == self.local_root]
+        """One local log per Logger, each table written once. Without
+        ``local=``, this tracker sends from the Logger's parquet backend (the
+        first), else from the local log of one of its trackers given ``local=``,
+        else from an earlier tracker's, else from its own in ``lox-runs``. With
+        ``local=DIR``, from a parquet backend or an earlier tracker writing DIR,
+        else from its own in DIR."""
+        position = next(i for i, b in enumerate(backends) if b is self)
+        parquet = [b for b in backends if isinstance(b, ParquetBackend)]
+        trackers = [b for b in backends if isinstance(b, TrackerBackend) and b is not self]
+        earlier = [b._log for b in backends[:position]
+                   if isinstance(b, TrackerBackend) and b._owns_log and b._log is not None]
+        if self._local_given:
+            shared = [log for log in [*parquet, *earlier] if log.root == self._local]
+        else:
+            given = [b._log for b in trackers if b._local_given and b._owns_log and b._log is not None]
+            shared = parquet + given + earlier
         if shared:
-            self.log.listeners.remove(self._follower)
-            self.log, self._owns_log = shared[0], False
-            self.log.listeners.append(self._follower)
+            self._use_log(shared[0], owns=False)
+        elif self._log is None:
+            self._create_log()
 
     def spec(self) -> str:
         """This backend's config string, without `local`, secrets masked (for messages)."""
@@ -218,17 +275,35 @@ class TrackerBackend(hooks.Backend):
     def sent_record(self, folder: str) -> "SentRecord":
         return SentRecord(folder, self.tracker, self.destination())
 
+    def _step(self, label: str, where: str | None = None) -> contextlib.AbstractContextManager:
+        """A step of ``lox sync`` (`label`: what it does; `where`: what must
+        answer, the tracker by default), bounded by its timeout; nothing
+        otherwise (the Logger's sending thread waits for its tracker)."""
+        if self._bound is None:
+            return contextlib.nullcontext()
+        return self._bound.step(label, where or self.spec())
+
+    def calls_within(self, seconds: float) -> contextlib.AbstractContextManager:
+        """While ``lox sync --timeout SECONDS`` runs: make the tracker's client
+        give up on a call after about `seconds`, rather than retry for longer
+        (then the error itself is reported, at once). By default nothing: lox
+        stops waiting for a call that takes longer in any case."""
+        return contextlib.nullcontext()
+
     def _open(self, run: hooks.RunInfo, folder: str) -> tuple[SentRecord, dict]:
-        record = self.sent_record(folder)
+        with self._step(f"reading what was sent of run {run.name!r}", folder):
+            record = self.sent_record(folder)
         if not record.lock():
             raise Unsendable(
                 f"another process is sending run {run.name!r} to this destination now (it holds {record.lock_path}); "
                 "lox sync leaves live runs to it"
             )
         try:
-            remote = self.start_run(run, record.remote)
+            with self._step(f"opening run {run.name!r}"):
+                remote = self.start_run(run, record.remote)
             if remote != record.remote:
-                record.set_remote(remote)
+                with self._step(f"recording the {self.tracker} run of run {run.name!r}", record.path):
+                    record.set_remote(remote)
         except BaseException:
             record.unlock()  # a retry opens the record again
             raise
@@ -239,35 +314,47 @@ class TrackerBackend(hooks.Backend):
         name = file.name
         if name in record.files or name in record.unconfirmed:
             return 0
-        table = file.read()
-        meta = table.schema.metadata or {}
-        time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(storage.mtime(file.path) * 1000)
-        self.send(run, remote, Batch(name, time_ms, table))
-        if self.confirms_at_end:
-            record.unconfirmed.append(name)
-        else:
-            record.add_file(name)
+        with self._step(f"reading {file.path}", file.path):
+            table = file.read()
+            meta = table.schema.metadata or {}
+            time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(storage.mtime(file.path) * 1000)
+        with self._step(_describe("file", run, file.path)):
+            self.send(run, remote, Batch(name, time_ms, table))
+        # Recorded only after the step: a sync that gave up on it records nothing more.
+        with self._step(f"recording that {name} of run {run.name!r} was sent", record.path):
+            if self.confirms_at_end:
+                record.unconfirmed.append(name)
+            else:
+                record.add_file(name)
         return table.num_rows
 
     def _end(self, run: hooks.RunInfo, record: SentRecord, remote: dict) -> None:
-        self.end_run(run, remote)
-        for name in record.unconfirmed:
-            record.add_file(name)
-        record.unconfirmed.clear()
-        record.close()
+        with self._step(_describe("close", run, None)):
+            self.end_run(run, remote)
+        with self._step(f"recording that run {run.name!r} was sent", record.path):
+            for name in record.unconfirmed:
+                record.add_file(name)
+            record.unconfirmed.clear()
+            record.close()
 
     def sync_run(self, folder: str) -> tuple[int, int]:
         """Send what of the run in `folder` did not reach this destination yet
-        (``lox sync``); end the run at the tracker if it finished. Returns
+        (``lox sync``); end the run at the tracker, with its status, if it
+        ended (finished, failed, or killed: its process died). Returns
         (batch files sent, rows sent)."""
         self.syncing = True
-        info = read_run_json(folder)
-        assert info is not None  # missing_ok=False raises instead
-        run = hooks.RunInfo(info["run_id"], info.get("name", info["run_id"]), info.get("group", ""),
-                            info.get("index", 0), info.get("metadata") or {})
-        record = self.sent_record(folder)
-        missing = [file for file in run_files(folder, info) if file.name not in record.files]
-        ending = info.get("status") == "finished" or self.confirms_at_end
+        with self._step(f"reading run {storage.basename(folder)!r}", folder):
+            info = read_run_json(folder)
+            assert info is not None  # missing_ok=False raises instead
+            status = store.run_status(folder, info)  # "killed" where its writer is gone
+            run = hooks.RunInfo(info["run_id"], info.get("name", info["run_id"]), info.get("group", ""),
+                                info.get("index", 0), info.get("metadata") or {}, status=status)
+            record = self.sent_record(folder)
+            missing = [file for file in run_files(folder, info) if file.name not in record.files]
+            SentRecord.remove_leftover_locks(folder)  # of senders that were killed
+        # A run still being written is not ended (its process sends the rest); W&B's offline
+        # file is complete only once its run finished, so W&B runs are ended all the same.
+        ending = status in ENDED or self.confirms_at_end
         if not missing and (record.closed or not ending):
             return 0, 0  # nothing to do: the tracker is not even contacted
         record, remote = self._open(run, folder)  # refused while a live process sends this run
@@ -291,6 +378,17 @@ class TrackerBackend(hooks.Backend):
         finally:
             record.unlock()
         return files, rows
+
+
+ENDED = ("finished", "failed", "killed")  # the statuses of a run that ended
+
+
+def ended_status(run: hooks.RunInfo) -> str:
+    """How a run that a tracker ends (`end_run`) ended: its `status`; a run
+    still ``"running"`` counts as ``"finished"``, as every ended run did
+    before runs had a status (a plugin's own Logger-less calls; W&B runs that
+    ``lox sync`` or the exit ends while the run goes on)."""
+    return "finished" if run.status == "running" else run.status
 
 
 class Unsendable(Exception):
@@ -382,23 +480,78 @@ class SentRecord:
     def lock(self) -> bool:
         """Hold the run's sending lock (released when the process ends, also
         when it is killed); False if another process holds it."""
-        try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks; `lox sync` trusts the user
+        if fcntl is None:  # Windows: no advisory locks; `lox sync` trusts the user
             return True
-        self._lock_file = open(self.lock_path, "a")
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.close()
-            self._lock_file = None
-            return False
-        return True
+        self._lock_file = _take_lock(self.lock_path)
+        return self._lock_file is not None
 
     def unlock(self) -> None:
+        """Let go of the lock and remove its file (see `_take_lock`)."""
         if self._lock_file is not None:
-            self._lock_file.close()  # closing releases the lock
+            _release_lock(self._lock_file, self.lock_path)
             self._lock_file = None
+
+    @staticmethod
+    def remove_leftover_locks(folder: str) -> None:
+        """Remove the lock files in a run folder that no process holds (left
+        by senders that were killed); in a bucket, where they are in the local
+        temp folder, nothing."""
+        if fcntl is None or storage.is_uri(folder):
+            return
+        try:
+            names = [entry.name for entry in os.scandir(folder)]
+        except OSError:
+            return
+        for name in names:
+            if name.startswith("_sending-") and name.endswith(".lock"):
+                path = os.path.join(folder, name)
+                file = _take_lock(path, create=False)
+                if file is not None:
+                    _release_lock(file, path)
+
+
+def _take_lock(path: str, create: bool = True) -> IO | None:
+    """The lock file at `path`, opened and flocked, or None if another process
+    holds it (or, without `create`, if there is none).
+
+    Its holder removes it when it lets go (`_release_lock`), so another process
+    may have opened the file just before, and take the lock on a file that is
+    no longer there, while a third makes a new one at `path`: whoever takes
+    the lock checks that `path` still names the file it locked, and otherwise
+    tries again. A file is removed only by a process that holds its lock."""
+    assert fcntl is not None
+    while True:
+        try:
+            file = open(path, "a" if create else "r")
+        except FileNotFoundError:
+            if not create:
+                return None
+            raise
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            file.close()
+            return None
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            named = None
+        held = os.fstat(file.fileno())
+        if named is not None and (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+            return file
+        file.close()  # removed (and maybe made again) meanwhile: a lock on it keeps nobody out
+        if not create:
+            return None
+
+
+def _release_lock(file: IO, path: str) -> None:
+    """Remove the lock file, then let go of its lock (closing releases it)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        file.close()
 
 
 class _Follower(LogListener):
@@ -723,41 +876,196 @@ def local_runs(path: str) -> list[str]:
     return [folder for folder, _ in locate(path)[1]]
 
 
-def sync(path: str, spec: str) -> list[tuple[str, int, int]]:
+DEFAULT_SYNC_TIMEOUT = 30.0  # seconds: `lox sync --timeout`
+# How long past the timeout `lox sync` waits for a step's own error (a client's or a bucket's, told the
+# same timeout), which says more than that the step took too long, before giving up on the step.
+SYNC_GRACE = 1.0
+
+
+def sync(path: str, spec: str, timeout: float | None = DEFAULT_SYNC_TIMEOUT) -> list[tuple[str, int, int]]:
     """Send the runs at `path` (a run folder or a folder of runs, as the parquet
     backend and the trackers' local logs write them) to the tracker `spec`,
     skipping what reached it before. Returns (run folder, batch files sent,
-    rows sent) per run. This is ``lox sync PATH --to SPEC``."""
-    folders = local_runs(path)  # a wrong path is reported before anything is created
+    rows sent) per run. This is ``lox sync PATH --to SPEC --timeout SECONDS``.
+
+    Every step the sync takes (a call to the tracker, reading a run's files,
+    from a bucket too: `storage.time_limit`) is bounded by `timeout` seconds
+    (None: unbounded): a step that takes longer stops the sync with
+    `SyncTimeout`, which names it and what did not answer, and nothing more is
+    recorded as sent (the next sync sends the rest). MLflow's
+    client is told to give up by then too (`TrackerBackend.calls_within`: its
+    request timeout, and none of its own retries, for this process while the
+    sync runs); a client that cannot be told so is left waiting in a daemon
+    thread. Runs that ended (finished, failed, or killed: their process died)
+    are ended at the tracker with that status."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < math.inf):
+        raise ValueError(
+            f"lox sync's timeout is a positive number of seconds (or None: no bound), got {timeout!r}; "
+            f"e.g. --timeout 60."
+        )
     configs = parse(spec)
     if len(configs) != 1:
         raise ValueError(f"`lox sync --to` takes one tracker, got {len(configs)}: {mask_secrets(spec)!r}.")
-    backend = registry.create(configs[0])
-    if not isinstance(backend, TrackerBackend):
-        raise ValueError(
-            f"`lox sync --to {configs[0].name}`: {configs[0].name!r} is not a tracker; lox sync sends runs to "
-            "trackers such as mlflow, wandb, neptune and tensorboard (a parquet folder can be copied as it is)."
-        )
-    done, failed = [], []
+    bound = _Bound(timeout) if timeout is not None else None
+    to = mask_secrets(spec)
+    done: list[tuple[str, int, int]] = []
+    failed: list[tuple[str, Exception]] = []
+    skipped: list[str] = []
     try:
-        for folder in folders:
+        folders = _bounded(bound, lambda: local_runs(path), (f"listing the runs in {path}", path))
+        backend = registry.create(configs[0])  # a wrong path is reported before anything is created
+        if not isinstance(backend, TrackerBackend):
+            raise ValueError(
+                f"`lox sync --to {configs[0].name}`: {configs[0].name!r} is not a tracker; lox sync sends runs to "
+                "trackers such as mlflow, wandb, neptune and tensorboard (a parquet folder can be copied as it is)."
+            )
+        to = backend.spec()
+        backend._local = storage.parent(folders[0])  # where messages say the runs are kept
+        backend._bound = bound
+
+        def send_all() -> None:
             try:
-                done.append((folder, *backend.sync_run(folder)))
-            except Exception as error:  # noqa: BLE001 - one run's failure does not keep the others back
-                failed.append((folder, error))
-    finally:
-        backend.shutdown()
+                for number, folder in enumerate(folders):
+                    try:
+                        done.append((folder, *backend.sync_run(folder)))
+                    except Exception as error:  # noqa: BLE001 - one run's failure does not keep the others back
+                        failed.append((folder, error))
+                        if not isinstance(error, Unsendable) and backend.transient(error):
+                            skipped.extend(folders[number + 1 :])  # unreachable: the others would fail alike
+                            return
+            finally:
+                with backend._step(f"shutting down {to}"):
+                    backend.shutdown()
+
+        with backend.calls_within(timeout) if timeout is not None else contextlib.nullcontext():
+            _bounded(bound, send_all)
+    except SyncTimeout as timed_out:
+        timed_out.done, timed_out.failed = list(done), list(failed)  # as they were when it gave up
+        timed_out.say_how_to_resume(path, to)
+        raise
     if failed:
-        raise SyncError(done, failed)
+        raise SyncError(done, failed, to, skipped)
     return done
+
+
+def _bounded(bound: _Bound | None, work: Callable[[], T], step: tuple[str, str] | None = None) -> T:
+    """`work()`, within `bound` (as one `step`, (what, who must answer), if given)."""
+    if bound is None:
+        return work()
+    if step is None:
+        return bound.run(work)
+
+    def stepped() -> T:
+        with bound.step(*step):
+            return work()
+
+    return bound.run(stepped)
 
 
 class SyncError(RuntimeError):
     """Some runs could not be synced: `done` holds what the others sent,
-    `failed` (run folder, error) pairs. Running ``lox sync`` again later sends
-    only what is still missing."""
+    `failed` (run folder, error) pairs, `skipped` the run folders not tried
+    after the tracker could not be reached. Running ``lox sync`` again later
+    sends only what is still missing."""
 
-    def __init__(self, done: list[tuple[str, int, int]], failed: list[tuple[str, Exception]]):
-        self.done, self.failed = done, failed
+    def __init__(self, done: list[tuple[str, int, int]], failed: list[tuple[str, Exception]], to: str = "",
+                 skipped: list[str] | None = None):
+        self.done, self.failed, self.skipped = done, failed, list(skipped or [])
         lines = [f"{folder}: {type(e).__name__}: {mask_secrets(str(e))}" for folder, e in failed]
-        super().__init__(f"{len(failed)} run(s) could not be synced:\n  " + "\n  ".join(lines))
+        if self.skipped:
+            lines.append(f"and {len(self.skipped)} more run(s), not tried: the tracker could not be reached")
+        where = f" to {to}" if to else ""
+        super().__init__(f"{len(failed) + len(self.skipped)} run(s) could not be synced{where}:\n  "
+                         + "\n  ".join(lines))
+
+
+class SyncTimeout(SyncError):
+    """A step of ``lox sync`` took longer than its timeout: the sync stopped
+    there. `done` holds what the runs before it sent; nothing more was recorded
+    as sent, so running ``lox sync`` again sends only what is still missing."""
+
+    def __init__(self, step: str, where: str, seconds: float):
+        self.step, self.where, self.seconds = step, mask_secrets(where), seconds
+        super().__init__([], [])
+        self.say_how_to_resume()
+
+    def say_how_to_resume(self, path: str | None = None, to: str | None = None) -> None:
+        """Name, in the message, the command that sends the rest."""
+        command = f"`lox sync {path} --to '{to}'`" if path is not None and to is not None else "lox sync"
+        self.args = (
+            f"lox sync gave up on {self.step}, which took longer than {self.seconds:g} s: {self.where} did not "
+            f"answer in time, and nothing more was recorded as sent. Check that {self.where} is up and reachable "
+            f"from here, then run {command} again (it sends only what is missing), with a larger --timeout if it "
+            "is only slow.",
+        )
+
+
+class _GaveUp(BaseException):
+    """Raised in the thread of a sync that was given up on, at its next step:
+    it records nothing more (a BaseException: no `except Exception` stops it)."""
+
+
+class _Bound:
+    """Bounds each step of ``lox sync`` (`step`) by `seconds`: the work runs in
+    a daemon thread (`run`), its bucket operations limited to `seconds` each,
+    and the thread that waits for it gives up on a step still running
+    `SYNC_GRACE` after that, raising `SyncTimeout`. The work stops at its next
+    step; the step itself may go on in the client until it returns or the
+    process ends."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._condition = threading.Condition()
+        self._step: tuple[str, str, float] | None = None  # (what, who must answer, when it began)
+        self._abandoned = False
+
+    @contextlib.contextmanager
+    def step(self, label: str, where: str):
+        with self._condition:
+            if self._abandoned:
+                raise _GaveUp
+            self._step = (label, where, time.monotonic())
+            self._condition.notify_all()
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._step = None
+                self._condition.notify_all()
+        if self._abandoned:  # it returned after the sync gave up on it: record nothing
+            raise _GaveUp
+
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()` in a daemon thread, its result or exception; `SyncTimeout`
+        when one of its steps takes longer than `seconds`."""
+        values: list[T] = []
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                with storage.time_limit(self.seconds):  # what it reads from a bucket too (a limit per thread)
+                    values.append(work())
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                errors.append(error)
+            finally:
+                with self._condition:
+                    done.set()
+                    self._condition.notify_all()
+
+        threading.Thread(target=target, name="lox-sync", daemon=True).start()
+        with self._condition:
+            while not done.is_set():
+                if self._step is None:
+                    self._condition.wait()
+                    continue
+                label, where, began = self._step
+                left = began + self.seconds + SYNC_GRACE - time.monotonic()
+                if left <= 0:
+                    self._abandoned = True
+                    raise SyncTimeout(label, where, self.seconds)
+                self._condition.wait(left)
+        if errors:
+            raise errors[0]
+        return values[0]

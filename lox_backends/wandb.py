@@ -28,8 +28,11 @@ What goes where:
   get a ``lox`` prefix.
 * Array-valued events become ``wandb.Histogram``s (64 bins of their finite
   entries) at their step. The values themselves stay in the local log.
-* A run finishes at W&B when ``logger.finish`` closes it. W&B's console
-  capture is off for these runs (one process's output, many runs).
+* A run finishes at W&B when ``logger.finish`` closes it, with exit code 0
+  (W&B: finished), or 1 when it failed (logs were lost, or the program
+  raised; W&B: failed); ``lox sync`` finishes a run whose process died with
+  exit code 137, as a process killed by SIGKILL. W&B's console capture is off
+  for these runs (one process's output, many runs).
 
 W&B keeps one value per key and step, and drops a row whose step is below the
 one it has reached. lox orders each batch by step and merges the batches of
@@ -66,7 +69,7 @@ import numpy as np
 from lox_backends import hooks
 from lox_backends.config import Option
 from lox_backends.store import fsync
-from lox_backends.tracker import Batch, TrackerBackend
+from lox_backends.tracker import Batch, TrackerBackend, ended_status
 from lox_core import schema
 from lox_core.arrow import from_arrow
 from lox_core.logdict import NO_STEP
@@ -76,6 +79,8 @@ Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
 MAX_ID = 64  # characters of a W&B run id that lox derives
 HISTOGRAM_BINS = 64
+# How a run ended, as the exit code W&B records (non-zero: "failed"); killed as by SIGKILL (128 + 9).
+EXIT_CODES = {"finished": 0, "failed": 1, "killed": 137}
 FILE_TIMEOUT = 60.0  # seconds `end_run` waits for W&B to complete an offline run's file
 _PROJECT_REFUSED = "/\\#?%:"
 _ID = re.compile(r"[A-Za-z0-9_-]{1,%d}" % MAX_ID)
@@ -173,7 +178,7 @@ class WandbBackend(TrackerBackend):
         if self.mode == "disabled":
             return
         self._run(run, remote)  # an empty run still shows at W&B, with its config
-        self._finish(run.run_id)
+        self._finish(run.run_id, EXIT_CODES.get(ended_status(run), 1))
 
     def shutdown(self) -> None:
         """Finish the W&B runs the Logger did not (no `logger.finish`)."""
@@ -208,9 +213,9 @@ class WandbBackend(TrackerBackend):
             self.flush_before_exit_handlers()  # W&B's own handler would finish the run first
         return state
 
-    def _finish(self, run_id: str) -> None:
+    def _finish(self, run_id: str, exit_code: int = 0) -> None:
         state = self._open_runs[run_id]
-        state.run.finish()
+        state.run.finish(exit_code=exit_code)
         if self.mode == "offline":
             _wait_for_complete_file(state.file, FILE_TIMEOUT)
         del self._open_runs[run_id]

@@ -1,4 +1,5 @@
-"""The `lox` command: demo, plot, backends, sync's errors, --version, help."""
+"""The `lox` command: demo, plot, backends, sync's errors, --version, help (`lox runs` and `lox sync
+--timeout`: test_tracker_status.py, test_sync_timeout.py)."""
 
 import importlib.metadata
 import os
@@ -90,7 +91,7 @@ def test_bare_lox_prints_help(capsys):
     status, out, err = cli(capsys)
     assert status == 0 and err == ""
     assert out.startswith("usage: lox [-h] [--version] COMMAND ...")
-    for command in ("demo", "plot", "backends", "sync"):
+    for command in ("demo", "plot", "backends", "runs", "sync"):
         assert f"\n    {command} " in out
 
 

@@ -268,7 +268,8 @@ def test_killed_process_then_lox_sync_delivers_everything_once(own_server, tmp_p
     assert first.stdout.splitlines()[-1] == f"sent 1 batch file(s), 16 row(s) to {spec}"
     assert history(client, run_id, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 3)]
     assert history(client, run_id, "epoch") == [(s, float(e)) for s, e, _, _ in expected(1.0, 3)]
-    assert client.get_run(run_id).info.status == "RUNNING"  # the run never finished
+    assert client.get_run(run_id).info.status == "KILLED"  # its process was killed
+    assert list((tmp_path / "lox-runs").glob("*/_sending-*.lock")) == []  # the killed sender's lock went
 
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.stdout.splitlines()[-1] == f"sent 0 batch file(s), 0 row(s) to {spec}"
@@ -496,7 +497,8 @@ def test_lox_sync_leaves_a_run_that_a_live_process_is_sending(tmp_path, monkeypa
     (record,) = (tmp_path / "lox-runs").glob("*/_sent-mlflow-*.jsonl")
     lines = record.read_text().splitlines()
     record.write_text("\n".join(line for line in lines if '"file"' not in line) + "\n")
-    with pytest.raises(SyncError, match=r"1 run\(s\) could not be synced:\n  .*another process is sending run 'live'"):
+    with pytest.raises(SyncError, match=r"1 run\(s\) could not be synced to mlflow:sqlite:///.*m\.db\?experiment=live:"
+                                         r"\n  .*another process is sending run 'live'"):
         sync("lox-runs", spec)
     logger.finish(state)
     client = MlflowClient(f"sqlite:///{tmp_path}/m.db")

@@ -425,7 +425,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_killed_process_then_lox_sync_leaves_every_event_once(tmp_path):
     """The process is killed; the record of its last batch is lost (as if
     killed between writing and recording it): `lox sync` finds the run's
-    folder, writes only what its event file lacks, and leaves the run open."""
+    folder, writes only what its event file lacks, and ends the run's session
+    as failed (its process was killed); the killed sender's lock file goes."""
     target = spec(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
     script = CRASHING.format(tests=str(REPO / "tests"), spec=target)
@@ -435,6 +436,7 @@ def test_a_killed_process_then_lox_sync_leaves_every_event_once(tmp_path):
     lines = record.read_text().splitlines()
     assert sum('"file"' in line for line in lines) == 2
     record.write_text("\n".join(lines[:-1]) + "\n")  # the second batch: written, not recorded
+    assert len(list((tmp_path / "lox-runs").glob("*/_sending-*.lock"))) == 1  # the killed sender's
 
     command = [sys.executable, "-m", "lox_backends.cli", "sync", "lox-runs", "--to", target]
     first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -447,7 +449,8 @@ def test_a_killed_process_then_lox_sync_leaves_every_event_once(tmp_path):
     assert scalar_series(tb, "loss") == [(s, v) for s, _, v, _ in expected(1.0, 2)]
     assert len(tb.Histograms("grad")) == 2 * STEPS_PER_EPOCH
     _, (session_group,), _ = hparams_sessions(tmp_path / "tb")
-    assert session_group.sessions[0].status == api_pb2.STATUS_UNKNOWN  # never finished
+    assert session_group.sessions[0].status == api_pb2.STATUS_FAILURE  # killed
+    assert list((tmp_path / "lox-runs").glob("*/_sending-*.lock")) == []
 
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.stdout.splitlines()[-1] == f"sent 0 batch file(s), 0 row(s) to {target}"

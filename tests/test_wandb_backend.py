@@ -274,7 +274,8 @@ def test_disabled_mode_keeps_the_local_log_only(wandb_env, tmp_path):
          "the wandb backend has no option 'colour'; its options are: project (the W&B project, by default "
          "WANDB_PROJECT or else lox); entity (the W&B entity, a user or team, by default yours); mode (how runs "
          "are sent, by default WANDB_MODE or else online: one of online, offline, disabled); local (folder of the "
-         "local log that is sent from; default lox-runs). E.g. 'wandb?project=demo&mode=offline'."),
+         "local log that is sent from, if not the Logger's parquet backend's; default lox-runs). "
+         "E.g. 'wandb?project=demo&mode=offline'."),
         ("wandb?mode=shared",
          "the wandb backend's option mode='shared' is refused: it must be one of online, offline, disabled (how "
          "runs are sent, by default WANDB_MODE or else online). E.g. 'wandb?project=demo&mode=offline'."),
