@@ -131,7 +131,7 @@ class Logger:
         names = _names(self.backends)
         self._outlets = [BackendWorker(b, n, safe, timeout) for b, n in zip(self.backends, names, strict=True)]
         self._over_budget_warned: set[str] = set()  # outlets whose dropped writes were warned about (on_error="warn")
-        self._lost_all = False  # logs that could not be converted: every run open then may miss some
+        self._lost_runs: set[str] = set()  # runs whose logs could not be converted (router thread)
         self._gave_up: dict[str, int] = {}  # outlet -> its progress when a wait for it timed out
         for backend in self.backends:  # how often a local log's writer says it is alive (lox_backends.parquet)
             log = getattr(backend, "log", backend)
@@ -223,7 +223,8 @@ class Logger:
     def _current(self, run: hooks.RunInfo) -> hooks.RunInfo:
         if run.status == "running":
             return run
-        if run.status == "failed" or self._lost_all or any(run.run_id in o.lost_runs for o in self._outlets):
+        lost = run.run_id in self._lost_runs or any(run.run_id in o.lost_runs for o in self._outlets)
+        if run.status == "failed" or lost:
             status = "failed"
         elif any(outlet.holds(run.run_id) for outlet in self._outlets):
             status = "running"  # its end waits for a backend that cannot write yet
@@ -333,9 +334,11 @@ class Logger:
         if full:
             self._send_waiting()
 
-    def _tick(self) -> bool:
-        """Send what waits; flush now and then. Whether to tick again (the
-        router sleeps while nothing waits)."""
+    def _tick(self) -> bool | float:
+        """Send what waits; flush now and then. When to tick again: at the next
+        flush while something was written since the last one or runs are open
+        (logs that arrive bring the tick sooner, see `Worker`); else never (the
+        router sleeps)."""
         try:
             self._send_waiting()
         finally:  # also when some logs were refused: the rest is on its way, and made durable in time
@@ -344,7 +347,9 @@ class Logger:
             busy = self._dirty or self._runs.any_open()
             if busy and time.monotonic() >= self._next_flush:
                 self._flush_backends()
-        return self._dirty or self._runs.any_open()
+        if not (self._dirty or self._runs.any_open()):
+            return False
+        return max(self._next_flush - time.monotonic(), 0.0)
 
     def _announce(self, run: hooks.RunInfo) -> None:
         """`open_run` to every backend, once per run, before any of its tables."""
@@ -353,8 +358,12 @@ class Logger:
             self._to_backends(lambda b: b.open_run(run))
 
     def _send_waiting(self) -> None:
-        """What waits, as one table per run and part, to every backend."""
+        """What waits, as one table per run and part, to every backend. Logs that
+        cannot be converted fail their runs (all runs open then, where lox cannot
+        tell whose they were); late logs of a finished run are refused, and fail
+        no run."""
         tables: list[tuple[hooks.RunInfo, pa.Table]] = []
+        nbytes = 0
         failed: Exception | None = None
         for group in self._waiting.take():
             # A part that cannot be converted does not keep the others from the backends.
@@ -362,30 +371,38 @@ class Logger:
                 parts, error = group.parts()
             except Exception as error:  # noqa: BLE001 - raised below, after the rest is sent
                 failed = failed or error
+                self._lose(None)
                 continue
-            failed = failed or error
+            if error is not None:  # an item of the group that could not be split
+                failed = failed or error
+                self._lose(None)
             for part in parts:
                 try:
-                    converted, error = self._tables(part)
+                    converted, size, error = self._tables(part)
                 except Exception as error:  # noqa: BLE001 - as above
-                    converted, failed = [], failed or error
+                    failed = failed or error
+                    self._lose(part.runs)
                     continue
                 tables.extend(converted)
+                nbytes += size
                 failed = failed or error
         for run in {run.index: run for run, _ in tables}.values():
             self._announce(run)  # a run whose logs overtook its `init` callback
         if tables:
             self._dirty = True
-            self._write(tables)
+            self._write(tables, nbytes)
         if failed is not None:
-            self._lost_all = True
             raise failed
 
-    def _write(self, tables: list[tuple[hooks.RunInfo, pa.Table]]) -> None:
-        """The tables to every backend, counted until flushed; a backend that holds
-        more than `max_pending` bytes it could not write gets no more with
-        ``on_error="warn"`` (the loss is warned about and reported)."""
-        nbytes = sum(table.nbytes for _, table in tables)
+    def _lose(self, numbers: np.ndarray | None) -> None:
+        """Runs (all those open, without `numbers`) some of whose logs were not written."""
+        lost = self._runs.open_numbers() if numbers is None else np.asarray(numbers).reshape(-1).tolist()
+        self._lost_runs.update(self._runs[int(n)].run_id for n in lost)
+
+    def _write(self, tables: list[tuple[hooks.RunInfo, pa.Table]], nbytes: int) -> None:
+        """The tables (`nbytes` bytes) to every backend, counted until flushed; a
+        backend that holds more than `max_pending` bytes it could not write gets
+        no more with ``on_error="warn"`` (the loss is warned about and reported)."""
         runs = frozenset(run.run_id for run, _ in tables)
         for outlet in self._outlets:
             if self.on_error == "warn" and outlet.unwritten() > self.max_pending and outlet.failing():
@@ -396,23 +413,25 @@ class Logger:
                                   f"{outlet.name} cannot take until it works again; their runs end as 'failed'.",
                                   RuntimeWarning, stacklevel=2)
                 continue
-            outlet.write(lambda b: _write_each(b, tables), nbytes, len(tables), runs)
+            outlet.write(tables, nbytes)
             if outlet.unwritten() > self.max_pending // 2:
                 outlet.flush()  # large tables: written now, not only at the next periodic flush
 
-    def _tables(self, part: Part) -> tuple[list[tuple[hooks.RunInfo, pa.Table]], ValueError | None]:
-        """A part's table for each of its runs, ordered by step, and why a run's
-        logs were refused (they arrived after `finish`), if one's were."""
+    def _tables(self, part: Part) -> tuple[list[tuple[hooks.RunInfo, pa.Table]], int, ValueError | None]:
+        """A part's table for each of its runs, ordered by step; their bytes; and
+        why a run's logs were refused (they arrived after `finish`), if one's were."""
         if part.batch_ndim == 0:
             run = self._runs[int(part.runs)]
             try:
                 self._runs.check_open(run)
-                self._checks.warn_steps([run], part.logs)
-                self._checks.warn_dropped(run, part.logs)
-                return [(run, schema.order_by_step(part.logs.to_arrow(run=run.run_id)))], None
             except ValueError as error:
-                return [], error
-        # A vmapped batch: every run's rows converted at once, then handed out as slices.
+                return [], 0, error
+            self._checks.warn_steps([run], part.logs)
+            self._checks.warn_dropped(run, part.logs)
+            table = schema.order_by_step(part.logs.to_arrow(run=run.run_id))
+            return [(run, table)], table.nbytes, None
+        # A vmapped batch: every run's rows converted at once, then handed out as slices
+        # (its bytes counted once: each slice's `nbytes` counts the dictionary of every run id).
         runs = [self._runs[int(n)] for n in part.runs.reshape(-1)]
         self._checks.warn_steps(runs, part.logs, part.batch_ndim)
         table, offsets = to_arrow_runs(part.logs, [run.run_id for run in runs], part.batch_ndim)
@@ -424,7 +443,7 @@ class Logger:
                 failed = failed or error
                 continue
             tables.append((run, table.slice(offsets[i], offsets[i + 1] - offsets[i])))
-        return tables, failed
+        return tables, table.nbytes if tables else 0, failed
 
     def _flush_backends(self) -> None:
         self._dirty = False
@@ -452,8 +471,12 @@ class Logger:
                     f"`logger.flush` takes a state from `logger.init` and/or a timeout in seconds, got {state!r}."
                 )
             timeout = float(state)
-        jax.effects_barrier()  # tapped events still on their way from the device
-        self._finish_tasks([], timeout)
+        pending = _effects_barrier()  # tapped events still on their way from the device
+        try:
+            self._finish_tasks([], timeout)
+        finally:
+            if pending is not None:
+                raise pending
 
     def finish(self, state: LoggerState, timeout: float | None = None) -> None:
         """Close the state's runs (all seeds) after everything logged to them has
@@ -464,10 +487,14 @@ class Logger:
         if traced(state):
             raise TypeError("`logger.finish` must be called outside jax.jit / vmap, with the state `init` returned.")
         self._check_state(state, "finish")
-        jax.effects_barrier()
-        # A process that does not write may not know runs opened under jit (on process 0).
-        numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1)]
-        self._close_runs(self._runs.finishing(numbers, strict=self._job.writes), timeout)
+        pending = _effects_barrier()
+        try:
+            # A process that does not write may not know runs opened under jit (on process 0).
+            numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1)]
+            self._close_runs(self._runs.finishing(numbers, strict=self._job.writes), timeout)
+        finally:
+            if pending is not None:
+                raise pending
 
     def _close_runs(self, closing: list[hooks.RunInfo], timeout: float | None,
                     then: Callable[[], None] | None = None) -> None:
@@ -477,7 +504,7 @@ class Logger:
         exited_by_error = shutdown.exiting() and getattr(sys, "last_value", None) is not None  # an uncaught exception
 
         def status(run: hooks.RunInfo, outlet: BackendWorker) -> str:
-            failed = self._lost_all or exited_by_error or run.run_id in outlet.lost_runs
+            failed = exited_by_error or run.run_id in self._lost_runs or run.run_id in outlet.lost_runs
             return "failed" if failed else "finished"
 
         def close_run(run: hooks.RunInfo) -> None:
@@ -519,8 +546,8 @@ class Logger:
             raise
         finally:  # threads stop even after a backend error; a stuck one is left to its daemon thread
             self._router.stop(wait=not stuck, timeout=1.0)
-            for outlet in self._outlets:
-                outlet.stop(wait=not stuck, timeout=1.0)
+            for outlet in self._outlets:  # one that fails makes its last tries (`runs` then says what they lost)
+                outlet.stop(wait=not stuck or outlet.fault is not None, timeout=1.0)
 
     def _finish_tasks(self, tasks: list[Callable[[], None]], timeout: float | None,
                       then: Callable[[], None] | None = None) -> None:
@@ -577,6 +604,12 @@ class Logger:
         if failing:
             lines = [f"{outlet.name} could not write {outlet.unwritten_summary()} {within}: {outlet.fault}"
                      for outlet in failing]
+            if shutdown.exiting():  # no later call can write them
+                return BackendError(
+                    "lox: " + "; ".join(lines) + ". The process exits: they are lost. Next time, fix the fault "
+                    "(free space on the disk, bring the store back) before the script ends, or give "
+                    "`logger.finish` a longer timeout."
+                )
             return BackendError(
                 "lox: " + "; ".join(lines) + ". lox keeps them in memory and writes them as soon as the fault "
                 "clears (free space on the disk, bring the store back), then `logger.flush()` returns; they are "
@@ -650,6 +683,18 @@ class Logger:
             outlet.stop()
 
 
+def _effects_barrier() -> Exception | None:
+    """`jax.effects_barrier()`, returning what a host call raised (`lox_core.failures`)
+    instead of raising it: `flush` and `finish` raise it once they wrote and closed
+    the runs (a logger that stopped a program on a full disk writes what it holds
+    when space is freed; a callback's bug does not leave the runs open)."""
+    try:
+        jax.effects_barrier()
+    except Exception as error:  # noqa: BLE001 - raised by the caller, after its work
+        return error
+    return None
+
+
 def _replicated(x: jax.Array) -> jax.Array:
     """`x` replicated over the mesh of `jax.set_mesh`, if one is set. A host
     callback's result is placed on the first device only (an XLA "maximal"
@@ -671,19 +716,6 @@ def _names(backends: list[hooks.Backend]) -> list[str]:
     names = [b.config or (c if classes.count(c) == 1 else f"{c}({getattr(b, 'target', None) or ''})")
              for c, b in zip(classes, backends, strict=True)]
     return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
-
-
-def _write_each(backend: hooks.Backend, tables: list) -> None:
-    """`backend.write` for each (run, table); one run's failure does not keep
-    the others from their data (the first error is raised after)."""
-    failed = None
-    for run, table in tables:
-        try:
-            backend.write(run, table)
-        except Exception as error:  # noqa: BLE001 - raised below, once the other runs are written
-            failed = failed or error
-    if failed is not None:
-        raise failed
 
 
 # --- constructing loggers -----------------------------------------------------------------

@@ -23,8 +23,10 @@ import time
 import warnings
 from typing import Callable
 
+import pyarrow as pa
+
 from lox_backends import storage
-from lox_backends.hooks import Backend
+from lox_backends.hooks import Backend, RunInfo
 
 
 class Worker:
@@ -34,7 +36,9 @@ class Worker:
     can submit. A task's exception is kept (`take_errors`) and handed to
     `on_error`; the next task runs. With `every`, `periodic` also runs every
     `every` seconds after a task ran, for as long as it returns True (it has
-    work left), so that an idle worker sleeps. The thread starts now: Python
+    work left), or after the number of seconds it returns (it has work then;
+    a task that runs meanwhile brings it within `every` seconds again), so
+    that an idle worker sleeps. The thread starts now: Python
     refuses new threads while the interpreter exits, when the last logs are
     written.
     """
@@ -44,7 +48,7 @@ class Worker:
         name: str,
         *,
         every: float | None = None,
-        periodic: Callable[[], bool] | None = None,
+        periodic: Callable[[], bool | float] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ):
         self.name = name
@@ -122,20 +126,26 @@ class Worker:
                 with self._condition:
                     self._busy, self._current = False, None
                     self._condition.notify_all()
-                if due is None and self._every is not None:
-                    due = time.monotonic() + self._every
+                if self._every is not None:
+                    soon = time.monotonic() + self._every
+                    due = soon if due is None else min(due, soon)
             if due is not None and time.monotonic() >= due:
-                due = time.monotonic() + (self._every or 0.0) if self._call_periodic() else None
+                after = self._call_periodic()
+                due = None if after is None else time.monotonic() + after
 
-    def _call_periodic(self) -> bool:
-        """Run `periodic`; whether it has work left (after a failure: yes, to try again)."""
+    def _call_periodic(self) -> float | None:
+        """Run `periodic`; in how many seconds to run it again (None: it has no work
+        left; after a failure, `every`, to try again)."""
         if self._periodic is None:
-            return False
+            return None
         try:
-            return bool(self._periodic())
+            again = self._periodic()
         except BaseException as error:  # kept for the user's thread
             self.report(error)
-            return True
+            again = True
+        if again is True:
+            return self._every or 0.0
+        return float(again) if again is not False else None
 
     def report(self, error: BaseException) -> None:
         """Keep `error` as if a task had raised it."""
@@ -190,7 +200,7 @@ class BackendWorker:
         self.timeout = timeout  # bounds each request to a store that a call makes (`storage.time_limit`)
         self.name = name  # in messages: the config string, or the class
         self.fault: OSError | None = None  # what the call being retried raised (None: the backend works)
-        self.lost_runs: set[str] = set()  # names of runs whose tables a skipped write did not write
+        self.lost_runs: set[str] = set()  # ids of runs with tables it refused, or that lox dropped or gave up
         self._lock = threading.Lock()
         self._held: collections.deque[_Held] = collections.deque()
         self._held_bytes = 0
@@ -204,14 +214,15 @@ class BackendWorker:
         """Run `method(backend)` in the backend's thread (again, while it raises an OSError)."""
         self._worker.submit(lambda: self._retried(method, label, held), label)
 
-    def write(self, method: Callable[[Backend], None], nbytes: int, tables: int, runs: frozenset[str]) -> None:
-        """`call` for a write of `tables` tables (`nbytes` bytes) of `runs`, counted as unwritten until a flush."""
+    def write(self, tables: list[tuple[RunInfo, pa.Table]], nbytes: int) -> None:
+        """`backend.write` of each (run, table) in the backend's thread, the `tables`
+        (`nbytes` bytes) counted as unwritten until a flush (see `_Tables`)."""
         with self._lock:
             self._writes += 1
-            held = _Held(self._writes, nbytes, tables, runs)
+            held = _Held(self._writes, nbytes, len(tables), frozenset(run.run_id for run, _ in tables))
             self._held.append(held)
             self._held_bytes += nbytes
-        self.call(method, "write", held)
+        self.call(_Tables(tables, self.lost_runs), "write", held)
 
     def drop(self, runs: frozenset[str]) -> None:
         """A write of `runs` that lox did not hand to the backend (``on_error="warn"``)."""
@@ -288,8 +299,10 @@ class BackendWorker:
                     method(self.backend)
             except OSError as error:
                 if self._closing.is_set():  # the logger gave up on this backend: one last try
+                    with self._lock:  # what it holds is lost
+                        self.lost_runs.update(*(h.runs for h in self._held))
                     if self.fault is not None:
-                        return  # what it held is lost: the logger said so when it gave up
+                        return  # the logger said so when it gave up
                     raise
                 if self.fault is None:
                     warnings.warn(
@@ -304,11 +317,9 @@ class BackendWorker:
                 self._closing.wait(delay)
                 delay = min(delay * 2, RETRY_MAX)
                 continue
-            except Exception:
+            except Exception:  # refused (a write's `_Tables` counted the runs it lost)
                 self._began = None
                 self._done += 1
-                if held is not None:  # refused: this write's tables are lost for this backend
-                    self.lost_runs.update(held.runs)
                 raise
             self._began = None
             self._done += 1
@@ -325,6 +336,46 @@ class BackendWorker:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+class _Tables:
+    """A write of several runs' tables to one backend, which `BackendWorker` may
+    call again after an OSError: each table is handed over once (a write that
+    raised took nothing; those that returned are not made again, which would
+    write their rows twice), and a run's tables in order (after one of its
+    tables raised, its later ones wait for the next call). A table the backend
+    refuses (any other exception) is given up, its run counted in `lost`, and
+    that refusal raised once no table waits for a retry."""
+
+    def __init__(self, tables: list[tuple[RunInfo, pa.Table]], lost: set[str]):
+        self._tables = tables
+        self._lost = lost
+        self._left = list(range(len(tables)))  # positions not taken nor refused yet, in order
+        self._refused: Exception | None = None
+
+    def __call__(self, backend: Backend) -> None:
+        failed: OSError | None = None
+        waiting: set[str] = set()  # runs a table of which raised an OSError in this call
+        left = []
+        for position in self._left:
+            run, table = self._tables[position]
+            if run.run_id in waiting:
+                left.append(position)
+                continue
+            try:
+                backend.write(run, table)
+            except OSError as error:  # tried again by the next call
+                failed = failed or error
+                waiting.add(run.run_id)
+                left.append(position)
+            except Exception as error:  # noqa: BLE001 - raised below, once the other runs are written
+                self._lost.add(run.run_id)
+                self._refused = self._refused or error
+        self._left = left
+        if failed is not None:
+            raise failed
+        if self._refused is not None:
+            raise self._refused
 
 
 def _size(nbytes: int) -> str:

@@ -16,6 +16,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import lox
@@ -23,6 +24,7 @@ from lox_backends import hooks
 from lox_backends.logger import BackendError
 from lox_backends.memory import MemoryBackend
 from lox_backends.registry import registry
+from lox_backends.worker import Worker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WIDTH = 256  # float32s per logged vector: 1 KiB a step
@@ -134,6 +136,21 @@ def test_finish_on_a_full_disk_says_what_it_holds_and_a_later_flush_writes_it(sm
     np.testing.assert_array_equal(values, by_hand(range(10)))
     assert run_json(runs)["status"] == "finished"
     assert [run.status for run in logger.runs()] == ["finished"]
+
+
+def test_close_that_gives_up_on_a_full_disk_leaves_its_runs_failed(small_disk):
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05)
+    state = logger.init(name="given-up")
+    logger.flush()
+    small_disk.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        logger.log(state, lox.logdict({"x": np.arange(3.0)}))
+        with pytest.raises(BackendError, match=rf"parquet:{runs} could not write 1 batch\(es\) .* of run\(s\) "
+                                               r"'given-up-.*' within 1 s: .*No space left on device"):
+            logger.close(timeout=1)
+    assert [run.status for run in logger.runs()] == ["failed"]  # what it held is lost
 
 
 def test_a_full_disk_stops_a_jitted_training_loop_once_max_pending_is_spent(small_disk):
@@ -429,3 +446,216 @@ def test_a_call_with_a_bad_timeout_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"`timeout` is a number of seconds \(how long this call waits\), got '5'"):
         logger.finish(state, timeout="5")
     logger.finish(state)
+
+
+def test_vmapped_seeds_on_a_full_disk_count_the_bytes_they_hold_once(small_disk):
+    """A vmapped call's rows are one table for all seeds, handed to each seed's
+    run as a slice; the bytes held are the table's, counted once (each slice
+    also names every seed's run id: counted per slice, 256 seeds' 12 calls
+    looked like 25 MiB, and a full disk stopped training at once)."""
+    runs, seeds = small_disk.path / "runs", 256
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, max_pending=2**20, timeout=30)
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), seeds))
+    train = jax.jit(jax.vmap(lambda s, w, i: logger.spool(step, s)(w, i), in_axes=(0, 0, None)))
+    w = jnp.zeros(seeds)
+    small_disk.fill()
+    with pytest.warns(RuntimeWarning, match=rf"backend parquet:{runs} cannot .*No space left on device"):
+        for i in range(12):  # about 20 KiB a call, for all seeds
+            w = train(states, w, i)
+            w.block_until_ready()
+            time.sleep(0.1)  # flushes fail meanwhile
+    small_disk.free()
+    logger.finish(states)
+    saved_runs = lox.load(runs)
+    assert len(saved_runs) == seeds
+    for logs in saved_runs.values():
+        assert logs.step["w"].tolist() == list(range(12))
+        assert logs["w"].tolist() == [float(i) for i in range(12)]
+    assert {run.status for run in logger.runs()} == {"finished"}
+
+
+def test_logs_sent_after_finish_are_refused_and_fail_no_other_run(tmp_path):
+    runs = tmp_path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}")
+    a, b = logger.init(name="a"), logger.init(name="b")
+    logger.log(a, lox.logdict({"x": np.arange(3.0)}))
+    logger.log(b, lox.logdict({"x": np.arange(3.0)}))
+    logger.finish(a)
+    logger.log(a, lox.logdict({"x": np.arange(3.0)}))  # too late: refused in the background
+    with pytest.raises(BackendError, match=r"logs for run 'a' arrived after `logger.finish` closed it and were not "
+                                           r"written"):
+        logger.flush()
+    logger.log(b, lox.logdict({"x": np.arange(3.0, 6.0)}))
+    logger.finish(b)
+    c = logger.init(name="c")  # opened after the refusal
+    logger.log(c, lox.logdict({"x": np.arange(2.0)}))
+    logger.finish(c)
+    assert [(run.name, run.status) for run in logger.runs()] == [("a", "finished"), ("b", "finished"),
+                                                                   ("c", "finished")]
+    records = {info["name"]: info for info in lox_runs(runs)}
+    assert {name: (info["status"], info["rows"]) for name, info in records.items()} == {
+        "a": ("finished", 3), "b": ("finished", 6), "c": ("finished", 2)}
+    loaded = {records_name: lox.load(runs)[info["run_id"]]["x"].tolist() for records_name, info in records.items()}
+    assert loaded == {"a": [0.0, 1.0, 2.0], "b": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "c": [0.0, 1.0]}
+
+
+def _raise_in_a_host_callback(message: str) -> None:
+    """A user's tap callback that raises inside jax.jit: lox keeps the exception for the next call."""
+
+    def logged(x):
+        lox.log({"x": x})
+        return x
+
+    def callback(event):
+        raise RuntimeError(message)
+
+    jax.jit(lox.tap(logged, callback))(1.0).block_until_ready()
+
+
+def test_flush_writes_and_finish_closes_the_runs_before_raising_what_a_host_callback_raised(tmp_path):
+    runs = tmp_path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=600)  # written by `flush` alone
+    state = logger.init(name="after-a-bug")
+    train = jax.jit(logger.spool(step, state))
+    w = train(jnp.zeros(WIDTH), 0)
+    _raise_in_a_host_callback("a bug in the user's callback")
+    with pytest.raises(RuntimeError, match="a bug in the user's callback"):
+        logger.flush()
+    assert saved(runs)[0] == [0]  # written all the same
+    w = train(w, 1)
+    _raise_in_a_host_callback("another bug")
+    with pytest.raises(RuntimeError, match="another bug"):
+        logger.finish(state)
+    info = run_json(runs)
+    assert (info["status"], info["rows"]) == ("finished", 2)  # closed all the same
+    steps, values = saved(runs)
+    assert steps == [0, 1]
+    np.testing.assert_array_equal(values, by_hand([0, 1]))
+
+
+def test_after_max_pending_stopped_training_freeing_space_and_flush_write_everything_and_training_goes_on(small_disk):
+    """What the loggers page says to do: free space, then `logger.flush()` writes what is held."""
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, max_pending=32 * 1024, timeout=30)
+    state = logger.init(name="resumed")
+    train = jax.jit(lambda w, i: logger.spool(step, state)(w, i))
+    w, i = jnp.zeros(WIDTH), 0
+    small_disk.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Training stops here"):
+            while i < 2000:
+                w_next = train(w, i)
+                w_next.block_until_ready()
+                w, i = w_next, i + 1
+                time.sleep(0.002)
+        small_disk.free()
+        with pytest.raises(BackendError, match=r"holds .* that it could not write: .*No space left on device"):
+            logger.flush()  # the error that stopped the program, raised once everything held is written
+        assert saved(runs)[0] == list(range(i))
+        for j in range(i, i + 5):  # the step that failed, and on
+            w = train(w, j)
+        logger.finish(state)
+    steps, values = saved(runs)
+    assert steps == list(range(i + 5)) and i >= 30
+    np.testing.assert_array_equal(values, by_hand(steps))
+    assert run_json(runs)["status"] == "finished" and [run.status for run in logger.runs()] == ["finished"]
+
+
+class _PerRunPlugin:
+    """A plugin that writes each run's tables to a folder of its own (`TARGET/<run name>`), a
+    Parquet file per table, whole or not at all; it refuses the tables of runs opened with ``refuse=True``."""
+
+    class PerRun(hooks.Backend):
+        def __init__(self, target=None, options=None):
+            super().__init__(target, options)
+            self.files = 0
+
+        def write(self, run, table):
+            if run.metadata.get("refuse"):
+                raise ValueError(f"run {run.name} is refused")
+            folder = pathlib.Path(self.target or ".") / run.name
+            folder.mkdir(exist_ok=True)
+            self.files += 1
+            temp = folder / f".{self.files}.tmp"
+            try:
+                pq.write_table(table, temp)
+                temp.rename(folder / f"{self.files:06d}.parquet")
+            except OSError:
+                temp.unlink(missing_ok=True)
+                raise
+
+    @hooks.hookimpl
+    def lox_backends(self):
+        return [hooks.BackendSpec("perrun", self.PerRun, description="a folder per run (a test plugin)")]
+
+
+def test_a_write_retried_after_one_run_failed_writes_the_other_runs_once(small_disk, tmp_path):
+    """A vmapped write holds every seed's table; where one seed's folder is on a full disk,
+    the retry writes only what failed, each run's tables in order."""
+    registry.register(_PerRunPlugin(), name="lox-tests:perrun")
+    base = tmp_path / "perrun"
+    base.mkdir()
+    (small_disk.path / "s-0").mkdir()
+    (base / "s-0").symlink_to(small_disk.path / "s-0")  # seed 0 on the small disk, seed 1 beside it
+    logger = lox.loggers.from_config(f"perrun:{base}", flush_every=0.05)
+    states = jax.vmap(lambda key: logger.init(key, name="s"))(jax.random.split(jax.random.key(0), 2))
+    small_disk.fill()
+    with pytest.warns(RuntimeWarning, match=rf"backend perrun:{base} cannot write: .*No space left on device"):
+        for i in range(3):
+            logger.log(states, lox.logdict({"x": np.full((2, 1), float(i))}, {"step": {"x": np.full((2, 1), i)}}))
+            time.sleep(0.3)  # one write per call, retried meanwhile
+        time.sleep(1)
+    small_disk.free()
+    logger.finish(states)
+    for seed in ("s-0", "s-1"):
+        tables = [pq.read_table(path) for path in sorted((base / seed).glob("*.parquet"))]
+        assert [s for t in tables for s in t.column("step").to_pylist()] == [0, 1, 2], seed
+    assert [run.status for run in logger.runs()] == ["finished", "finished"]
+
+    (tmp_path / "refusing").mkdir()
+    refusing = lox.loggers.from_config(f"perrun:{tmp_path / 'refusing'}")
+    pair = jax.vmap(lambda key, refuse: refusing.init(key, name="r", refuse=refuse))(
+        jax.random.split(jax.random.key(1), 2), jnp.array([False, True]))
+    with pytest.warns(RuntimeWarning, match="run r-1 is refused"):
+        refusing.log(pair, lox.logdict({"x": np.zeros((2, 1))}))
+        with pytest.raises(BackendError, match=r"perrun:.*ValueError\('run r-1 is refused'\)"):
+            refusing.finish(pair)
+    assert [(run.name, run.status) for run in refusing.runs()] == [("r-0", "finished"), ("r-1", "failed")]
+
+
+def test_a_worker_with_nothing_to_do_sleeps_until_the_time_its_periodic_call_asks_for():
+    """The router of a Logger with runs open and nothing logged wakes at the next flush
+    (a heartbeat), not every 0.25 s; a task brings its tick back within `every`."""
+    calls = []
+    worker = Worker("sleeps", every=0.01, periodic=lambda: calls.append(time.monotonic()) or 2.0)
+    worker.submit(lambda: None)
+    time.sleep(0.5)
+    assert len(calls) == 1  # 0.01 s after the task, then not for 2 s
+    worker.submit(lambda: None)
+    time.sleep(0.3)
+    assert len(calls) == 2
+    worker.stop()
+
+
+def test_at_exit_a_full_disk_says_what_is_lost(small_disk, tmp_path):
+    runs = small_disk.path / "runs"
+    done = _script(tmp_path, f"""
+        import numpy as np, lox
+        logger = lox.loggers.from_config("parquet:{runs}", timeout=2)
+        state = logger.init(name="at-exit")
+        logger.log(state, lox.logdict({{"x": np.arange(3.0)}}))
+        logger.flush()
+        with open({str(small_disk.filler)!r}, "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(4096))
+            except OSError:
+                pass
+        logger.log(state, lox.logdict({{"x": np.arange(3.0, 6.0)}}))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert re.search(rf"could not flush at exit: lox: parquet:{runs} could not write 1 batch\(es\) .* of run\(s\) "
+                     r"'at-exit-.*' within 2 s: .*No space left on device.*\. The process exits: they are lost\.",
+                     done.stderr), done.stderr
+    assert "logger.flush()" not in done.stderr
