@@ -581,6 +581,8 @@ class Logger:
 
         barriers: list[tuple[BackendWorker, threading.Event]] = []
         self._router.submit(in_router)
+        for outlet in self._outlets:
+            outlet.retry_now()  # the fault may be fixed (space freed): not the backoff's wait
         router_stuck = not self._router.barrier().wait(left())
         stuck = []
         for outlet, reached in barriers:
@@ -623,10 +625,11 @@ class Logger:
         )
 
     def _check_budget(self, in_program: bool = False) -> None:
-        """With ``on_error="raise"``: a BackendError once a backend holds more
+        """With ``on_error="raise"``: a BackendError while a backend holds more
         than `max_pending` bytes it could not write, so that training stops
         instead of running on without logs; from a host call (`in_program`) it
-        also fails the program (`lox_core.failures`)."""
+        fails the program (`lox_core.failures.stop_program`), and is not kept:
+        once what was held is written, the same program logs again."""
         if self.on_error != "raise":
             return
         for outlet in self._outlets:

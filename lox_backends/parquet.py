@@ -172,7 +172,11 @@ class ParquetBackend(hooks.Backend):
         state = self._state(run, write_info=False)
         state.info["status"] = "running"
         state.info.pop("ended", None)
-        self._write_heartbeat(state.group)
+        beat = state.group.beat_at
+        # Once per group and heartbeat interval, not per run: 1,024 seeds opened at
+        # once would cost 1,024 uploads to a bucket, one after the other.
+        if beat is None or time.monotonic() - beat >= self.heartbeat_every:
+            self._write_heartbeat(state.group)
         self._write_run_json(state)
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
@@ -412,6 +416,7 @@ class ParquetBackend(hooks.Backend):
         data = json.dumps({"time": time.time(), "host": _HOST, "pid": os.getpid()}).encode()
         if self.remote:
             storage.put(path, data)
+            group.beat_at = time.monotonic()
             return
         temp = os.path.join(group.folder, temp_name(storage.basename(path)))
         try:
@@ -422,6 +427,7 @@ class ParquetBackend(hooks.Backend):
         except BaseException:
             _remove_quietly(temp)
             raise
+        group.beat_at = time.monotonic()
 
     def _sync(self) -> None:
         for path, _ in self._unsynced_files:
@@ -509,11 +515,12 @@ class _RunState:
 class _Group:
     """The batch files of a group of runs, and their tables not written yet."""
 
-    __slots__ = ("folder", "next_seq", "pending", "pending_rows", "uploads")
+    __slots__ = ("folder", "next_seq", "pending", "pending_rows", "uploads", "beat_at")
 
     def __init__(self, folder: str, next_seq: int):
         self.folder = folder
         self.next_seq = next_seq
+        self.beat_at: float | None = None  # when this writer's heartbeat file was last written (time.monotonic)
         self.pending: dict[str, list[pa.Table]] = {}  # run id -> its tables, in arrival order
         self.pending_rows = 0
         # In a bucket: files made and not uploaded yet (path, bytes, rows per run), in order.

@@ -207,7 +207,8 @@ class BackendWorker:
         self._writes = 0  # writes submitted
         self._done = 0  # calls that returned (see `progress`)
         self._began: float | None = None  # when the running call began (None: none runs)
-        self._closing = threading.Event()  # cuts a retry's wait short
+        self._closing = threading.Event()  # the logger gave up on the backend: a last try of each call
+        self._wake = threading.Event()  # cuts a retry's wait short (`retry_now`, `stop`)
         self._worker = Worker(f"lox-{logger}-{type(backend).__name__}", on_error=self._warn)
 
     def call(self, method: Callable[[Backend], None], label: str = "call", held: _Held | None = None) -> None:
@@ -272,6 +273,12 @@ class BackendWorker:
     def barrier(self) -> threading.Event:
         return self._worker.barrier()
 
+    def retry_now(self) -> None:
+        """Make the call being retried again now, not after its backoff (up to
+        `RETRY_MAX` seconds): someone waits for it (`logger.flush`), and the fault
+        may have been fixed meanwhile."""
+        self._wake.set()
+
     def errors(self) -> list[BackendError]:
         """What failed since the last call, each as a BackendError naming the backend."""
         wrapped = []
@@ -285,6 +292,7 @@ class BackendWorker:
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> None:
         self._closing.set()
+        self._wake.set()
         self._worker.stop(wait, timeout)
 
     def alive(self) -> bool:
@@ -314,7 +322,8 @@ class BackendWorker:
                     )
                 self.fault = error
                 self._began = None
-                self._closing.wait(delay)
+                self._wake.wait(delay)
+                self._wake.clear()
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             except Exception:  # refused (a write's `_Tables` counted the runs it lost)

@@ -11,6 +11,9 @@ traceback ending in the callback, by the next `jax.effects_barrier()` (an eager
 `lox.tap` call runs one) or the next logger call. One that nothing raised is
 printed at exit. In a multi-process job each process publishes its failures
 (JAX's key-value store), and at exit every process prints the others'.
+
+The one exception: an error marked by `stop_program` (a logger that can no
+longer keep its logs) is raised into XLA, to stop the program, and not kept.
 """
 
 from __future__ import annotations
@@ -59,10 +62,13 @@ def record(error: Exception, note: str) -> None:
 
 def stop_program(error: Exception) -> None:
     """Mark `error`, about to be raised by a host call, as one that must fail
-    the program too (a logger that can no longer keep its logs): `guarded`
-    records it and raises it into XLA, and so does every host call after it
-    until it was raised again, so that training stops instead of running on
-    without logs."""
+    the program (a logger that can no longer keep its logs): `guarded` raises
+    it into XLA, so that training stops instead of running on without logs,
+    and does not keep it. It says how things stand, not what happened: the
+    logger raises it again from each of its calls and host calls while it
+    holds true, and once it no longer does (space was freed) the program runs
+    and delivers again; a kept copy would fail every later host call, and
+    `finish`, with a fault long cleared."""
     error.lox_stops_program = True  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -74,18 +80,16 @@ def guarded(call: Callable[[], T], note: str) -> T | None:
     """``call()`` from a host callback, which must not raise into XLA: None
     where an earlier exception waits to be raised (nothing runs until it
     was), or where `call` raises (kept with `note`, see `record`). An
-    exception marked by `stop_program` is raised into XLA as well."""
-    waiting = pending
-    if waiting is not None:
-        if _stops_program(waiting):
-            raise type(waiting)(*waiting.args)  # a copy: the kept one is raised later, with its own traceback
+    exception marked by `stop_program` is raised into XLA instead, with `note`."""
+    if pending is not None:
         return None
     try:
         return call()
     except Exception as error:  # noqa: BLE001 - XLA would abort with it: lox raises it later
-        record(error, note)
         if _stops_program(error):
+            error.add_note(note)
             raise
+        record(error, note)
         return None
 
 

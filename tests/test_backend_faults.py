@@ -350,8 +350,8 @@ def test_a_trackers_local_log_on_a_full_disk_stops_training_and_the_tracker_gets
                 w = train(w, i)
                 w.block_until_ready()
                 time.sleep(0.002)
-        with pytest.raises(BackendError, match="No space left on device"):
-            logger.flush()  # what the host call raised, raised by the next logger call
+        with pytest.raises(BackendError, match=r"could not write .* within 1 s: .*No space left on device"):
+            logger.flush(timeout=1)
         small_disk.free()
         logger.finish(state)
     steps, values = saved(local)
@@ -533,8 +533,10 @@ def test_flush_writes_and_finish_closes_the_runs_before_raising_what_a_host_call
     np.testing.assert_array_equal(values, by_hand([0, 1]))
 
 
-def test_after_max_pending_stopped_training_freeing_space_and_flush_write_everything_and_training_goes_on(small_disk):
-    """What the loggers page says to do: free space, then `logger.flush()` writes what is held."""
+def test_training_stopped_by_max_pending_runs_again_once_space_is_freed_and_finish_raises_nothing(small_disk):
+    """The error that stopped the program says how things stand: once space is freed and
+    what was held is written, the same jitted step runs and logs again, without a logger
+    call in between (a kept copy of the error failed every later step, then `finish`)."""
     runs = small_disk.path / "runs"
     logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05, max_pending=32 * 1024, timeout=30)
     state = logger.init(name="resumed")
@@ -550,16 +552,45 @@ def test_after_max_pending_stopped_training_freeing_space_and_flush_write_everyt
                 w, i = w_next, i + 1
                 time.sleep(0.002)
         small_disk.free()
-        with pytest.raises(BackendError, match=r"holds .* that it could not write: .*No space left on device"):
-            logger.flush()  # the error that stopped the program, raised once everything held is written
-        assert saved(runs)[0] == list(range(i))
-        for j in range(i, i + 5):  # the step that failed, and on
+        failed_again, deadline = 0, time.monotonic() + 20
+        while True:  # the step that failed, until the logger took back what it held (its next retry)
+            try:
+                w_next = train(w, i)
+                w_next.block_until_ready()
+                break
+            except jax.errors.JaxRuntimeError as error:
+                assert "Training stops here" in str(error)
+                assert time.monotonic() < deadline, "the step still fails, 20 s after space was freed"
+                failed_again += 1
+                time.sleep(0.1)
+        w, i = w_next, i + 1
+        for j in range(i, i + 5):
             w = train(w, j)
-        logger.finish(state)
+        logger.finish(state)  # nothing to raise
     steps, values = saved(runs)
     assert steps == list(range(i + 5)) and i >= 30
     np.testing.assert_array_equal(values, by_hand(steps))
     assert run_json(runs)["status"] == "finished" and [run.status for run in logger.runs()] == ["finished"]
+
+
+def test_flush_tries_again_at_once_rather_than_after_the_backoff(small_disk):
+    """After a long outage a failed write is tried again only every 16-30 s; `flush` (space was
+    just freed) tries at once."""
+    runs = small_disk.path / "runs"
+    logger = lox.loggers.from_config(f"parquet:{runs}", flush_every=0.05)
+    state = logger.init(name="long-outage")
+    logger.flush()
+    small_disk.fill()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        logger.log(state, lox.logdict({"x": np.arange(3.0)}))
+        time.sleep(17)  # tried at about 0.5, 1.5, 3.5, 7.5 and 15.5 s; the next at 31.5 s
+        small_disk.free()
+        began = time.monotonic()
+        logger.flush(timeout=10)
+    assert time.monotonic() - began < 5
+    assert lox.load(runs)[run_json(runs)["run_id"]]["x"].tolist() == [0.0, 1.0, 2.0]
+    logger.finish(state)
 
 
 class _PerRunPlugin:
@@ -659,3 +690,23 @@ def test_at_exit_a_full_disk_says_what_is_lost(small_disk, tmp_path):
                      r"'at-exit-.*' within 2 s: .*No space left on device.*\. The process exits: they are lost\.",
                      done.stderr), done.stderr
     assert "logger.flush()" not in done.stderr
+
+
+def test_many_seeds_opened_at_once_write_their_groups_heartbeat_once(tmp_path):
+    """The heartbeat beside the batch files is written when the first run of a group
+    opens and at each flush, not once per run (1,024 seeds on a bucket: 1,024 uploads,
+    one after the other, before the first batch)."""
+    done = _script(tmp_path, f"""
+        import sys, jax, numpy as np, lox
+        heartbeats = []
+        sys.addaudithook(lambda event, args: event == "open" and "_alive-" in str(args[0])
+                         and heartbeats.append(args[0]))
+        logger = lox.loggers.from_config("parquet:{tmp_path / 'runs'}", flush_every=600)  # flushed by hand
+        states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 64))
+        logger.log(states, lox.logdict({{"x": np.zeros((64, 3))}}))
+        logger.flush()
+        print("heartbeats written:", len(heartbeats))
+        logger.finish(states)
+    """)
+    assert "heartbeats written: 2" in done.stdout, done.stdout + done.stderr  # at the first open_run, at the flush
+    assert {info["status"] for info in lox_runs(tmp_path / "runs")} == {"finished"}
