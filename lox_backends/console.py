@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import numpy as np
 import pyarrow.compute as pc
@@ -48,6 +49,7 @@ class ConsoleBackend(hooks.Backend):
         self._unshown: dict[str, bool] = {}  # updated since last shown
         self._progress: dict[str, tuple[float, int, float, int]] = {}  # run_id → first and latest (time, step)
         self._live = None
+        self._cannot_print = False  # printing failed (warned once until it works again)
 
     # --- receiving -----------------------------------------------------------------
     def open_run(self, run):
@@ -102,11 +104,21 @@ class ConsoleBackend(hooks.Backend):
             return
         self._printed_at[run.run_id] = now
         self._unshown[run.run_id] = False
-        if self.live_table:
-            self._refresh_live()
-        else:
-            line = plain_line(self._latest.get(run.run_id, {}))
-            print(f"[{self._names.get(run.run_id, run.name)}] {line}", file=self.stream, flush=True)
+        try:
+            if self.live_table:
+                self._refresh_live()
+            else:
+                line = plain_line(self._latest.get(run.run_id, {}))
+                print(f"[{self._names.get(run.run_id, run.name)}] {line}", file=self.stream, flush=True)
+        except OSError as error:
+            # A view, not a record: a closed pipe or a full disk under stdout must not stop training
+            # (lox retries a backend's OSError and stops once it holds max_pending) nor print lines twice.
+            if not self._cannot_print:
+                self._cannot_print = True
+                warnings.warn(f"lox: the console backend cannot print ({error}); it shows nothing more until it "
+                              "can. The other backends keep every log.", RuntimeWarning, stacklevel=2)
+            return
+        self._cannot_print = False
 
     def _refresh_live(self):
         from rich.live import Live

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow as pa
 
-from lox_backends import hooks, shutdown, storage
+from lox_backends import hooks, shutdown, storage, worker
 from lox_backends import metadata as run_metadata
 from lox_backends.batching import Part, Waiting
 from lox_backends.checks import LogChecks
@@ -645,7 +645,8 @@ class Logger:
                 raise error
 
     def _budget_message(self, outlet: BackendWorker) -> str:
-        cause = f": {outlet.fault}" if outlet.fault is not None else " (a call to it has not returned: it hangs)"
+        cause = (f": {outlet.fault}" if outlet.fault is not None
+                 else f" (a call to it has run more than {worker.HANGS_AFTER:g} s: it hangs, or cannot keep up)")
         return (f"lox: backend {outlet.name} holds {outlet.unwritten_summary()} that it could not write{cause}; "
                 f"that is more than the logger's max_pending ({self.max_pending} bytes).")
 

@@ -111,8 +111,9 @@ def test_a_hanging_backend_holding_max_pending_stops_the_logger_at_its_next_call
     logger.log(state, logs)
     deadline = time.monotonic() + 30
     with pytest.raises(BackendError, match=r"backend Stuck holds \d+ batch\(es\) \(.* KiB\) of run\(s\) 'stuck-.*' "
-                                           r"that it could not write \(a call to it has not returned: it hangs\); that "
-                                           r"is more than the logger's max_pending \(1000 bytes\)"):
+                                           r"that it could not write \(a call to it has run more than 0.2 s: it hangs, "
+                                           r"or cannot keep up\); that is more than the logger's max_pending \(1000 "
+                                           r"bytes\)"):
         while time.monotonic() < deadline:
             logger.log(state, logs)
             time.sleep(0.05)

@@ -253,11 +253,22 @@ def test_a_state_of_another_logger_is_refused_naming_both():
     b.finish(seeds)
 
 
-def _script(tmp_path, body: str) -> subprocess.CompletedProcess:
+def _script(tmp_path, body: str, stdout_closed: bool = False) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh interpreter in `tmp_path`; with `stdout_closed`, its stdout is a pipe
+    whose reader is gone (a `| head` that ended): printing there fails with EPIPE."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    command = [sys.executable, str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    if not stdout_closed:
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(command, cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env=env)
+    finally:
+        os.close(write)
 
 
 def test_runs_left_open_end_finished_at_exit_or_failed_by_an_uncaught_exception(tmp_path):
@@ -709,3 +720,22 @@ def test_many_seeds_opened_at_once_write_their_groups_heartbeat_once(tmp_path):
     """)
     assert "heartbeats written: 2" in done.stdout, done.stdout + done.stderr  # at the first open_run, at the flush
     assert {info["status"] for info in lox_runs(tmp_path / "runs")} == {"finished"}
+
+
+def test_a_console_that_cannot_print_warns_once_and_never_stops_training(tmp_path):
+    done = _script(tmp_path, """
+        import jax, jax.numpy as jnp, lox
+        logger = lox.loggers.from_config("console?interval=0,parquet:runs", max_pending=4096)
+        state = logger.init(name="piped")
+        step = jax.jit(lambda w, i: logger.spool(lambda w: (lox.log({"w": w}, step=i), w + 1.0)[1], state)(w))
+        w = jnp.zeros(64)
+        for i in range(200):
+            w = step(w, i)
+        logger.finish(state)
+        import sys
+        print("trained", float(w[0]), file=sys.stderr)
+    """, stdout_closed=True)
+    assert "trained 200.0" in done.stderr, done.stderr
+    assert done.stderr.count("the console backend cannot print") == 1, done.stderr
+    (saved_logs,) = lox.load(tmp_path / "runs").values()
+    assert saved_logs.step["w"].tolist() == list(range(200))
