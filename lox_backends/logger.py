@@ -54,6 +54,8 @@ DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the bac
 DEFAULT_FLUSH_EVERY = 5.0  # seconds between automatic flushes of the backends
 BATCHES_EVERY = 0.25  # seconds batches and tapped events wait to be sent together
 MAX_ROUTER_BACKLOG = 256  # calls the router may fall behind before the user's thread waits
+EXIT_WAIT_FOR_FAULT = 2.0  # seconds interpreter exit waits for a backend that fails (a full disk): one more try
+SAY_WAITING_AFTER = 5.0  # seconds of waiting at exit after which lox says what it waits for
 DEFAULT_MAX_PENDING = 256 * 2**20  # bytes of logs a backend may hold unwritten (it fails) before lox stops
 ON_ERROR = ("raise", "warn")  # what a Logger does once a backend holds `max_pending` bytes it cannot write
 
@@ -355,7 +357,7 @@ class Logger:
         """`open_run` to every backend, once per run, before any of its tables."""
         if run.index not in self._announced:
             self._announced.add(run.index)
-            self._to_backends(lambda b: b.open_run(run))
+            self._to_backends(lambda b: b.open_run(run), label="open_run")
 
     def _send_waiting(self) -> None:
         """What waits, as one table per run and part, to every backend. Logs that
@@ -537,7 +539,7 @@ class Logger:
         stuck = False
         closing = self._runs.finishing(self._runs.open_numbers()) if self._job.writes else []
         try:
-            self._close_runs(closing, timeout, then=lambda: self._to_backends(lambda b: b.close()))
+            self._close_runs(closing, timeout, then=lambda: self._to_backends(lambda b: b.close(), label="close"))
         except TimeoutError:
             stuck = True
             raise
@@ -584,10 +586,20 @@ class Logger:
         for outlet in self._outlets:
             outlet.retry_now()  # the fault may be fixed (space freed): not the backoff's wait
         router_stuck = not self._router.barrier().wait(left())
-        stuck = []
+        stuck, given_up = [], []
+        exiting = shutdown.exiting()
         for outlet, reached in barriers:
-            again = shutdown.exiting() and self._gave_up.get(outlet.name) == outlet.progress()
-            if not reached.wait(0 if again else left()):
+            if exiting and self._gave_up.get(outlet.name) == outlet.progress():
+                wait = 0.0  # an earlier wait gave up on it, and it made no progress since
+                given_up.append(outlet)
+            elif exiting and outlet.fault is not None:
+                wait = min(left(), EXIT_WAIT_FOR_FAULT)  # the one try `retry_now` asked for
+            else:
+                wait = left()
+            if exiting and wait > SAY_WAITING_AFTER and not reached.wait(SAY_WAITING_AFTER):
+                print(f"lox: at exit, waiting up to {wait:.0f} s for backend {outlet.name} of logger {self.name!r} "
+                      "to write what it holds.", file=sys.stderr, flush=True)
+            if not reached.wait(wait):
                 stuck.append(outlet)
                 self._gave_up[outlet.name] = outlet.progress()
         # Trackers send what reached them (in threads of their own), also after a failure.
@@ -596,12 +608,16 @@ class Logger:
                 outlet.backend.wait(left())
         if stuck or router_stuck:
             self._raise_errors()  # a backend that failed outright says so first
-            raise self._unfinished(timeout, stuck, router_stuck)
+            raise self._unfinished(timeout, stuck, router_stuck, given_up)
         self._raise_errors()
 
-    def _unfinished(self, timeout: float | None, stuck: list[BackendWorker], router_stuck: bool) -> Exception:
-        """What `_finish_tasks` raises for backends it waited for in vain."""
-        within = f"within {round(timeout or 0, 1):g} s"
+    def _unfinished(self, timeout: float | None, stuck: list[BackendWorker], router_stuck: bool,
+                    given_up: list[BackendWorker] | None = None) -> Exception:
+        """What `_finish_tasks` raises for backends it waited for in vain (`given_up`:
+        those an earlier call had given up on, not waited for again)."""
+        within = "at exit" if shutdown.exiting() else f"within {round(timeout or 0, 1):g} s"
+        if given_up and all(outlet in given_up for outlet in stuck) and not router_stuck:
+            within = "(lox gave up on it before, and it has made no progress since)"
         failing = [outlet for outlet in stuck if outlet.fault is not None]
         if failing:
             lines = [f"{outlet.name} could not write {outlet.unwritten_summary()} {within}: {outlet.fault}"

@@ -697,7 +697,7 @@ def test_at_exit_a_full_disk_says_what_is_lost(small_disk, tmp_path):
     """)
     assert done.returncode == 0, done.stderr
     assert re.search(rf"could not flush at exit: lox: parquet:{runs} could not write 1 batch\(es\) .* of run\(s\) "
-                     r"'at-exit-.*' within 2 s: .*No space left on device.*\. The process exits: they are lost\.",
+                     r"'at-exit-.*' at exit: .*No space left on device.*\. The process exits: they are lost\.",
                      done.stderr), done.stderr
     assert "logger.flush()" not in done.stderr
 
@@ -739,3 +739,27 @@ def test_a_console_that_cannot_print_warns_once_and_never_stops_training(tmp_pat
     assert done.stderr.count("the console backend cannot print") == 1, done.stderr
     (saved_logs,) = lox.load(tmp_path / "runs").values()
     assert saved_logs.step["w"].tolist() == list(range(200))
+
+
+def test_a_script_that_fails_on_a_full_disk_exits_at_once_saying_what_is_lost(small_disk, tmp_path):
+    runs = small_disk.path / "runs"
+    began = time.monotonic()
+    done = _script(tmp_path, f"""
+        import numpy as np, lox, time
+        logger = lox.loggers.from_config("parquet:{runs}", flush_every=0.05)  # the logger's timeout: 60 s
+        state = logger.init(name="lost")
+        with open("{small_disk.filler}", "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(4096))
+            except OSError:
+                pass
+        logger.log(state, lox.logdict({{"x": np.arange(1000.0)}}))
+        time.sleep(0.5)
+        raise RuntimeError("diverged")
+    """)
+    took = time.monotonic() - began
+    assert "RuntimeError: diverged" in done.stderr
+    assert re.search(r"could not flush at exit: lox: parquet:.* could not write 1 batch\(es\) .* of run\(s\) 'lost-.*' at "
+                     r"exit: .*No space left on device.*The process exits: they are lost", done.stderr), done.stderr
+    assert took < 40, f"exit waited {took:.0f} s for a disk that stays full"  # the logger's timeout is 60 s
