@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import numbers
 import os
 import posixpath
@@ -565,6 +566,8 @@ def _new_store(prefix: str, scheme: str) -> _Store:
             fs, base = pafs.FileSystem.from_uri(prefix + (f"?{urllib.parse.urlencode(options)}" if options else ""))
         if isinstance(fs, pafs.S3FileSystem) and "@" not in prefix:
             fs = _with_s3_limits(fs, options)
+        if isinstance(fs, pafs.GcsFileSystem) and os.environ.get("STORAGE_EMULATOR_HOST"):
+            fs = _gcs_emulator(os.environ["STORAGE_EMULATOR_HOST"])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ImportError) as error:
         if isinstance(error, pa.ArrowInvalid) and "Unrecognized filesystem type" not in str(error):
             raise ValueError(f"lox cannot store runs at {prefix}/...: {error}") from error  # pyarrow's scheme
@@ -572,6 +575,14 @@ def _new_store(prefix: str, scheme: str) -> _Store:
     base = base.rstrip("/")
     return _Store(prefix, fs, lambda uri: base + uri[len(prefix):], fs.type_name in _ATOMIC_UPLOADS,
                   fs.type_name in _ATOMIC_UPLOADS)
+
+
+def _gcs_emulator(host: str) -> pafs.GcsFileSystem:
+    """GCS at `host`, the ``STORAGE_EMULATOR_HOST`` Google's own clients read (an emulator such as
+    fake-gcs-server): pyarrow's URIs take no endpoint, and an emulator takes no credentials."""
+    endpoint = urllib.parse.urlsplit(host if "://" in host else f"http://{host}")
+    return pafs.GcsFileSystem(anonymous=True, scheme=endpoint.scheme, endpoint_override=endpoint.netloc,
+                              retry_time_limit=datetime.timedelta(seconds=GCS_RETRY_LIMIT))
 
 
 def _s3_options() -> dict[str, str]:

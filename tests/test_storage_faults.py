@@ -219,3 +219,32 @@ def test_a_store_that_answers_is_not_slowed_or_warned_about(s3_server, bucket):
         assert storage.kind(f"{bucket}/a/b.bin") == "file"
     fs = s3_server.filesystem()
     assert fs.get_file_info(f"{bucket.removeprefix('s3://')}/a/b.bin").type == pafs.FileType.File
+
+
+def test_a_gcs_emulator_at_storage_emulator_host_is_the_endpoint_lox_talks_to(monkeypatch):
+    """STORAGE_EMULATOR_HOST, as Google's clients read it: lox's requests reach it (not Google's OAuth)."""
+    import http.server
+    import threading
+
+    paths = []
+
+    class Emulator(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            paths.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"code": 404, "message": "no such bucket"}}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Emulator)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        with storage.time_limit(20), pytest.raises((FileNotFoundError, OSError), match=r"gs://emulated/runs"):
+            storage.resolve("gs://emulated/runs", check=True)
+    finally:
+        server.shutdown()
+    assert any("emulated" in path for path in paths), paths
