@@ -760,6 +760,7 @@ def test_a_script_that_fails_on_a_full_disk_exits_at_once_saying_what_is_lost(sm
     """)
     took = time.monotonic() - began
     assert "RuntimeError: diverged" in done.stderr
-    assert re.search(r"could not flush at exit: lox: parquet:.* could not write 1 batch\(es\) .* of run\(s\) 'lost-.*' at "
-                     r"exit: .*No space left on device.*The process exits: they are lost", done.stderr), done.stderr
+    assert re.search(r"could not flush at exit: lox: parquet:.* could not write 1 batch\(es\) .* of run\(s\) "
+                     r"'lost-.*' at exit: .*No space left on device.*The process exits: they are lost",
+                     done.stderr), done.stderr
     assert took < 40, f"exit waited {took:.0f} s for a disk that stays full"  # the logger's timeout is 60 s
