@@ -177,7 +177,7 @@ class _Held:
     number: int  # the write's number (`BackendWorker._writes`)
     nbytes: int
     tables: int
-    runs: frozenset[str]  # their run names, for messages
+    runs: frozenset[str]  # their run ids (for messages, and `holds`)
 
 
 class BackendWorker:
