@@ -72,6 +72,7 @@ from lox_backends.store import (
     batches_folder_name,
     fsync,
     load,
+    process_alive,
     read_run_json,
     runs,
 )
@@ -660,23 +661,13 @@ def remove_leftovers(folder: str) -> None:
         match = _TEMP.fullmatch(entry.name)
         try:
             if match is not None and match["host"] == _HOST:
-                if _alive(int(match["pid"])):
+                if process_alive(int(match["pid"])):
                     continue
             elif time.time() - entry.stat().st_mtime < LEFTOVER_AGE:
                 continue
             os.remove(entry.path)
         except OSError:
             pass  # removed by another process meanwhile, or not ours to remove
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's process
-        return True
-    return True
 
 
 @contextlib.contextmanager

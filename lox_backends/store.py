@@ -247,7 +247,7 @@ class _Writers:
             return "running"  # written by a lox that left no trace of its writer: nothing to tell by
         if host == self._host and isinstance(pid, int) and not isinstance(pid, bool):
             if pid not in self._alive:
-                self._alive[pid] = _process_alive(pid)
+                self._alive[pid] = process_alive(pid)
             if not self._alive[pid]:
                 return "killed"
         if isinstance(heartbeat, dict):
@@ -266,7 +266,7 @@ class _Writers:
         return "running"
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether a process `pid` exists on this host (and is not a zombie, which
     a killed process is until its parent reaps it)."""
     if pid <= 0 or sys.platform == "win32":  # 0 and negatives name groups; on Windows os.kill terminates
