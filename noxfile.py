@@ -23,7 +23,8 @@ JAX_RELEASES = ["0.10", "0.9", "0.8"]
 def tests(session, jax):
     # The example third-party plugin of plugins.md is installed like any plugin; flax, equinox and
     # optax (the `frameworks` extra) resolve to releases that support each JAX release.
-    session.install("-e", ".[test,all,frameworks]", "./tests/plugins/lox-jsonl", f"jax~={jax}.0", f"jaxlib~={jax}.0")
+    session.install("-e", ".[test,all,frameworks]", "./tests/support/plugins/lox-jsonl",
+                    f"jax~={jax}.0", f"jaxlib~={jax}.0")
     session.run("python", "-c", "import jax, flax, equinox, optax; print('JAX', jax.__version__, "
                 "'flax', flax.__version__, 'equinox', equinox.__version__, 'optax', optax.__version__)")
     session.run("pytest", "-q", *session.posargs)
@@ -69,6 +70,6 @@ def benchmarks(session):
 
 @nox.session
 def docs(session):
-    """The documentation site into site/; tests/test_docs.py runs its code (in `tests`)."""
+    """The documentation site into site/; tests/docs/test_docs.py runs its code (in `tests`)."""
     session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", *session.posargs)

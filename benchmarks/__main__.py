@@ -469,7 +469,7 @@ def storage():
     import numpy as np
     import pyarrow.dataset as ds
 
-    from lox_backends import store
+    from lox_backends.runstore import reader
 
     x = jax.random.normal(jax.random.key(1), (8, 64))
 
@@ -494,7 +494,7 @@ def storage():
         finished = time.perf_counter() - last_call
         files = sorted(str(p) for p in pathlib.Path(folder).rglob("batch-*.parquet"))
         # lox 0.1 wrote one file per run and flush: the (run, file) pairs the files hold now.
-        before = sum(len(store.runs_in(path)) for path in files)
+        before = sum(len(reader.runs_in(path)) for path in files)
         t = side_by_side({"pyarrow": lambda: ds.dataset(folder, format="parquet").to_table(),
                           "lox": lambda: lox.load(folder)}, reps=1, rounds=9)
         loaded = lox.load(folder)

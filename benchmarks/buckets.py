@@ -1,7 +1,7 @@
 """Writing runs to a bucket through ``parquet:s3://...``, against pyarrow writing the
 same tables to the same server, side by side (``python -m benchmarks buckets``).
 
-The server is moto's S3 server on 127.0.0.1 (tests/s3_server.py, ``moto[server]``
+The server is moto's S3 server on 127.0.0.1 (tests/support/s3_server.py, ``moto[server]``
 from the ``test`` extra), reached through pyarrow's S3 client configured from the
 standard AWS environment on both sides. Both sides write the same Arrow table
 per flush, one object each; lox's side also opens and closes its run
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 
 import lox
 from benchmarks.timing import row, side_by_side
-from lox_backends import hooks
 from lox_backends.parquet import ParquetBackend, write_table
+from lox_backends.plugin import hooks
 
 KEYS = ["loss", "accuracy", "lr", "grad_norm"]
 

@@ -86,7 +86,7 @@ def main():
         # `lox sync` sends what a tracker has not received yet: everything the first time, nothing after.
         tracker = "mlflow:sqlite:///mlflow.db?experiment=buckets"
         for _ in range(2):
-            sync = [sys.executable, "-m", "lox_backends.cli", "sync", f"s3://{BUCKET}/runs", "--to", tracker]
+            sync = [sys.executable, "-m", "lox_backends.tools.cli", "sync", f"s3://{BUCKET}/runs", "--to", tracker]
             print(subprocess.run(sync, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
 
 

@@ -9,13 +9,13 @@ Parquet files, plugins) and `lox.load` reads saved runs back.
 from lox import loggers as loggers
 from lox import neptune as neptune
 from lox import wandb as wandb
-from lox_backends.store import load as load
-from lox_core.console import set_default as set_default
+from lox_backends.runstore.reader import load as load
 from lox_core.logdict import NO_STEP as NO_STEP
 from lox_core.logdict import Event as Event
 from lox_core.logdict import logdict as logdict
 from lox_core.nolog import nolog as nolog
 from lox_core.primitive import log as log
+from lox_core.printing import set_default as set_default
 from lox_core.spool import spool as spool
 from lox_core.tap import tap as tap
 

@@ -13,16 +13,16 @@ plugin offering ``jsonl`` is installed.
 
 from typing import Any, Callable
 
-from lox_backends.logger import DEFAULT_CONFIG as DEFAULT_CONFIG
-from lox_backends.logger import BackendError as BackendError
-from lox_backends.logger import ConsoleLogger as ConsoleLogger
-from lox_backends.logger import Logger as Logger
-from lox_backends.logger import LoggerState as LoggerState
-from lox_backends.logger import MultiLogger as MultiLogger
-from lox_backends.logger import SaveLogger as SaveLogger
-from lox_backends.logger import backend_logger as backend_logger
-from lox_backends.logger import from_config as from_config
-from lox_backends.registry import registry
+from lox_backends.logger.logger import DEFAULT_CONFIG as DEFAULT_CONFIG
+from lox_backends.logger.logger import BackendError as BackendError
+from lox_backends.logger.logger import ConsoleLogger as ConsoleLogger
+from lox_backends.logger.logger import Logger as Logger
+from lox_backends.logger.logger import LoggerState as LoggerState
+from lox_backends.logger.logger import MultiLogger as MultiLogger
+from lox_backends.logger.logger import SaveLogger as SaveLogger
+from lox_backends.logger.logger import backend_logger as backend_logger
+from lox_backends.logger.logger import from_config as from_config
+from lox_backends.plugin.registry import registry
 
 
 def __getattr__(attribute: str) -> Callable[..., Logger]:

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 import jax
 
 from lox.loggers import Logger
-from lox_backends.aliases import TrackerRun as TrackerRun
-from lox_backends.aliases import neptune as _tracker
+from lox_backends.tools.aliases import TrackerRun as TrackerRun
+from lox_backends.tools.aliases import neptune as _tracker
 from lox_core.logdict import logdict
 
 

@@ -1,7 +1,24 @@
-"""lox backends: where logs go (console, Parquet files, trackers), as pluggy plugins.
+"""lox backends: where logs go (the console, Parquet files, trackers), as pluggy plugins.
 
-`hooks` is the plugin contract; `logger` the Logger (with `runs`, `checks`,
-`batching`, `worker` and `shutdown` around it); `store` the runs on disk;
-`parquet`, `memory`, `console` and the trackers (`tracker`, `mlflow`, `wandb`,
-`neptune`, `tensorboard`) the backends. The core (`lox_core`) does not depend on any of it.
+The folders are the parts (docs/contributing.md has one line per module):
+
+- `plugin/`: the contract a backend implements (`hooks`), config strings (`config`), finding plugins (`registry`);
+- `logger/`: the public `Logger`, its runs, checks, per-backend threads, multi-process jobs and exit;
+- `runstore/`: runs on disk and in buckets: the format (`layout`), its writer, reader and filesystems;
+- `trackers/`: the tracker template, its sending threads, `lox sync`, and one module per tracker;
+- `console`, `memory`, `parquet`: the thin backends;
+- `tools/`: the `lox` command, plots, the demo and the earlier lox's tracker names.
+
+The core (`lox_core`) does not depend on any of it. Plugins import the contract as
+``from lox_backends import hooks``, a name that stays when the layout changes.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "hooks":  # the plugin contract's public name (plugins.md), loaded on first use
+        from lox_backends.plugin import hooks
+
+        return hooks
+    raise AttributeError(f"module 'lox_backends' has no attribute {name!r}")

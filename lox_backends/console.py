@@ -18,9 +18,9 @@ import warnings
 import numpy as np
 import pyarrow.compute as pc
 
-from lox_backends import hooks
-from lox_backends.config import Option, check_options
-from lox_core import console, schema
+from lox_backends.plugin import hooks
+from lox_backends.plugin.config import Option, check_options
+from lox_core import printing, schema
 
 OPTIONS = {
     "interval": Option("seconds between plain lines per run", "float", 1.0, minimum=0),
@@ -197,7 +197,7 @@ def plain_line(latest: dict) -> str:
     groups: dict[tuple, dict] = {}
     for key, (value, steps) in latest.items():
         groups.setdefault(tuple(steps.items()), {})[key] = value
-    return " ".join(console.format_event(values, dict(steps)) for steps, values in groups.items())
+    return " ".join(printing.format_event(values, dict(steps)) for steps, values in groups.items())
 
 
 def _short(value) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from lox_backends import hooks
-from lox_backends.config import check_options
+from lox_backends.plugin import hooks
+from lox_backends.plugin.config import check_options
 from lox_core.arrow import concat_read, from_arrow
 from lox_core.logdict import logdict
 

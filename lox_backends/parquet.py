@@ -5,7 +5,7 @@ Config string ``parquet:DIR?compression=snappy&rows_per_file=262144``
 next `flush` (the Logger flushes every few seconds and when a run finishes) or
 until `rows_per_file` rows wait, then become one file per group of runs (the
 runs of one Logger, e.g. 1,024 vmapped seeds, share their files).
-``lox_backends.store`` describes the layout on disk and reads it back
+``lox_backends.runstore.reader`` describes the layout on disk and reads it back
 (`lox.load`).
 
 Every file is written under a hidden name (starting with ``.``) and renamed into
@@ -15,7 +15,7 @@ written, or after its writer was killed, shows whole flushes only. `flush` (and
 survive a power loss too.
 
 ``DIR`` may be a folder in a bucket: ``parquet:s3://bucket/runs``,
-``parquet:gs://bucket/runs`` (see `lox_backends.storage`). Object stores have
+``parquet:gs://bucket/runs`` (see `lox_backends.runstore.filesystems`). Object stores have
 no rename and no fsync; there each file is uploaded whole under its final
 name, in one request (or one multipart upload), which the store makes visible
 only once complete and stored durably: the same guarantees, by other means.
@@ -23,7 +23,7 @@ only once complete and stored durably: the same guarantees, by other means.
 thousand vmapped seeds open a thousand runs) and waited for at every `flush`.
 Any Parquet reader can read the batch files directly; their step columns
 differ where runs log with different step names, so read every file's columns
-(``lox_backends.store`` and docs/backends/parquet.md give each reader's call)::
+(``lox_backends.runstore.reader`` and docs/backends/parquet.md give each reader's call)::
 
     duckdb.sql("SELECT * FROM read_parquet('DIR/*/batch-*.parquet', union_by_name = true) WHERE run = 'RUN_ID'")
     files = sorted(glob.glob("DIR/*/batch-*.parquet"))
@@ -58,9 +58,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lox_backends import hooks, storage
-from lox_backends.config import Option, check_options
-from lox_backends.store import (
+from lox_backends.plugin import hooks
+from lox_backends.plugin.config import Option, check_options
+from lox_backends.runstore import filesystems
+from lox_backends.runstore.reader import (
     BATCHES_SUFFIX,
     DEFAULT_DIR,
     RUN_FILE,
@@ -146,8 +147,8 @@ class ParquetBackend(hooks.Backend):
         self.compression: str = settings["compression"]
         self.rows_per_file: int = settings["rows_per_file"]
         # Absolute now, so that a later os.chdir does not split a run in two.
-        self.root = storage.resolve(target or DEFAULT_DIR, check=True)
-        self.remote = storage.is_uri(self.root)
+        self.root = filesystems.resolve(target or DEFAULT_DIR, check=True)
+        self.remote = filesystems.is_uri(self.root)
         if not self.remote:
             check_writable(self.root, "the parquet backend's folder")
         self._uploads = _Uploads() if self.remote else None
@@ -244,16 +245,16 @@ class ParquetBackend(hooks.Backend):
             return state
         _check_name(run.run_id, "run_id")
         if not self.remote and not self._runs and not self._groups:  # the first run: the folder is opened
-            for name, is_dir, path in storage.scan(self.root, missing_ok=True):
+            for name, is_dir, path in filesystems.scan(self.root, missing_ok=True):
                 if is_dir and name.endswith(BATCHES_SUFFIX):
                     remove_leftovers(path)  # files a killed writer was writing
-        folder = storage.join(self.root, run.run_id)
-        storage.makedirs(folder)
+        folder = filesystems.join(self.root, run.run_id)
+        filesystems.makedirs(folder)
         self._unsynced_dirs.add(self.root)
         batches = batches_folder_name(run.group or run.run_id)
         _check_name(batches, "group", hidden=(".", "_"))  # Parquet dataset readers skip those
         if self.remote and self._existing is None:  # one listing, not a request per new run
-            self._existing = {name for name, is_dir, _ in storage.scan(self.root, missing_ok=True) if is_dir}
+            self._existing = {name for name, is_dir, _ in filesystems.scan(self.root, missing_ok=True) if is_dir}
         earlier = None
         if self._existing is None or run.run_id in self._existing:
             earlier = read_run_json(folder, missing_ok=True)
@@ -287,8 +288,8 @@ class ParquetBackend(hooks.Backend):
     def _group(self, name: str) -> _Group:
         group = self._groups.get(name)
         if group is None:
-            folder = storage.join(self.root, name)
-            storage.makedirs(folder)
+            folder = filesystems.join(self.root, name)
+            filesystems.makedirs(folder)
             self._unsynced_dirs.add(self.root)
             # A group written to before (by this process or another) continues after its last file.
             sequences = [sequence for sequence, _, _ in batch_files(folder, missing_ok=self.remote)]
@@ -352,7 +353,7 @@ class ParquetBackend(hooks.Backend):
             metadata[SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
         table = table.replace_schema_metadata(metadata)
         name = batch_file_name(group.next_seq, secrets.token_hex(4))
-        path = storage.join(group.folder, name)
+        path = filesystems.join(group.folder, name)
         if self.remote:  # the whole file in memory, then one upload: never visible in part
             sink = pa.BufferOutputStream()
             write_table(table, sink, compression=self.compression)
@@ -378,7 +379,7 @@ class ParquetBackend(hooks.Backend):
         (with those after it) for the next try, as it is."""
         while group.uploads:
             path, data, rows = group.uploads[0]
-            storage.put(path, data)
+            filesystems.put(path, data)
             group.uploads.popleft()
             self._written(path, rows)
 
@@ -390,7 +391,7 @@ class ParquetBackend(hooks.Backend):
                 state.rows += count
 
     def _write_run_json(self, state: _RunState) -> None:
-        path = storage.join(state.folder, RUN_FILE)
+        path = filesystems.join(state.folder, RUN_FILE)
         # NumPy and JAX values are plain JSON by then; anything else is shown as its str.
         text = json.dumps(_strict_json(state.info), indent=2, allow_nan=False, default=str)
         if self._uploads is not None:  # in the background, after the run's previous one
@@ -411,15 +412,15 @@ class ParquetBackend(hooks.Backend):
 
     def _write_heartbeat(self, group: _Group) -> None:
         """``<group>.batches/_alive-<writer>.json``: when this writer last said it
-        is alive (`lox_backends.store.run_status` reads a run as "killed" when
+        is alive (`lox_backends.runstore.reader.run_status` reads a run as "killed" when
         this is older than 3 flush intervals, or the process is gone)."""
-        path = storage.join(group.folder, f"{HEARTBEAT_PREFIX}{self._writer}.json")
+        path = filesystems.join(group.folder, f"{HEARTBEAT_PREFIX}{self._writer}.json")
         data = json.dumps({"time": time.time(), "host": _HOST, "pid": os.getpid()}).encode()
         if self.remote:
-            storage.put(path, data)
+            filesystems.put(path, data)
             group.beat_at = time.monotonic()
             return
-        temp = os.path.join(group.folder, temp_name(storage.basename(path)))
+        temp = os.path.join(group.folder, temp_name(filesystems.basename(path)))
         try:
             with named_errors(path):
                 with open(temp, "wb") as f:  # not fsynced: a heartbeat lost with a power cut says nothing wrong
@@ -475,11 +476,11 @@ class _Uploads:
         if before is not None and not before[0].done():
             concurrent.futures.wait([before[0]])  # the run's previous status first (a run opened and closed at once)
         try:
-            future = self._pool.submit(storage.with_time_limit(storage.put), path, data)
+            future = self._pool.submit(filesystems.with_time_limit(filesystems.put), path, data)
         except RuntimeError:  # the interpreter exits (the exit flush): its thread pools take no more work
             future = concurrent.futures.Future()
             try:
-                storage.put(path, data)
+                filesystems.put(path, data)
                 future.set_result(None)
             except Exception as error:  # noqa: BLE001 - raised by `wait`, as the pool's would be
                 future.set_exception(error)

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import jax
 import numpy as np
 
-from lox_core import console
+from lox_core import printing
 from lox_core.logdict import NO_STEP, Event, concat, event_count, logdict
 
 
@@ -29,18 +29,18 @@ def print_event(event: Event | logdict) -> None:
     """The default tap callback: one readable line per event (a buffered tap
     delivers several events of a key at once: one line each, key by key)."""
     if isinstance(event, Event):
-        print(console.format_event(event, event.steps), flush=True)
+        print(printing.format_event(event, event.steps), flush=True)
         return
     if all(event_count(v) == 1 for v in event.values()):
         values = {k: jax.tree_util.tree_map(lambda x: x[0], v) for k, v in event.items()}
         steps = {name: next(iter(per_key.values()))[0] for name, per_key in event.steps.items()}
-        print(console.format_event(values, steps), flush=True)
+        print(printing.format_event(values, steps), flush=True)
         return
     for key, value in event.items():
         for i in range(event_count(value)):
             values = {key: jax.tree_util.tree_map(lambda x, i=i: x[i], value)}
             steps = {name: per_key[key][i] for name, per_key in event.steps.items() if key in per_key}
-            print(console.format_event(values, steps), flush=True)
+            print(printing.format_event(values, steps), flush=True)
 
 
 def _as_logged(x):

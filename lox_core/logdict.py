@@ -12,7 +12,7 @@ import jax.export
 import jax.numpy as jnp
 import numpy as np
 
-from lox_core import console
+from lox_core import printing
 from lox_core.dtypes import common_dtype
 
 if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are made
@@ -365,9 +365,9 @@ class logdict(dict[str, Any]):
             names = self.step_names(key)
             padded = "  padded" if key in self._valid else ""
             if _concrete(value, self._valid.get(key), *(self._steps[name][key] for name in names)):
-                shown = console.show(jax.tree_util.tree_map(_shown, value))
+                shown = printing.show(jax.tree_util.tree_map(_shown, value))
                 steps = "".join(f"  {name}={_show_steps(self._steps[name][key])}" for name in names)
-                valid = f"  valid={console.show(self._valid[key])}" if key in self._valid else ""
+                valid = f"  valid={printing.show(self._valid[key])}" if key in self._valid else ""
                 lines.append(f"  {key!r}: {shown}{steps}{valid}")
             else:
                 shapes = jax.tree_util.tree_map(_describe, value)
@@ -483,13 +483,13 @@ def _concrete(*trees) -> bool:
 def _show_steps(steps) -> str:
     """Steps as `print(logs)` shows them: `-` where an event did not carry the step name."""
     steps = np.asarray(steps)
-    return console.show(np.where(steps == NO_STEP, "-", steps.astype(object)) if (steps == NO_STEP).any() else steps)
+    return printing.show(np.where(steps == NO_STEP, "-", steps.astype(object)) if (steps == NO_STEP).any() else steps)
 
 
 def _shown(x) -> str:
     """An array as `print(logs)` shows it: dtype, shape and values (a string,
-    which `console.show` shows as it is)."""
-    return f"{_describe(x)} {console.show(x)}"
+    which `printing.show` shows as it is)."""
+    return f"{_describe(x)} {printing.show(x)}"
 
 
 def _describe(x) -> str:
@@ -562,8 +562,8 @@ class Event(dict[str, Any]):
         return logdict._trusted(data, steps)
 
     def __repr__(self) -> str:
-        values = ", ".join(f"{k!r}: {console.show(v)}" for k, v in self.items())
-        steps = "".join(f", {name}={console.show(s)}" for name, s in self.steps.items())
+        values = ", ".join(f"{k!r}: {printing.show(v)}" for k, v in self.items())
+        steps = "".join(f", {name}={printing.show(s)}" for name, s in self.steps.items())
         return f"Event({{{values}}}{steps})"
 
     __str__ = __repr__

@@ -20,7 +20,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from lox_core import _compat, console
+from lox_core import _compat, printing
 from lox_core.arrow import check_own_series
 from lox_core.logdict import logdict
 
@@ -265,7 +265,7 @@ def _impl(*operands, **params):
     site = site_of(params)
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
-    console.default_output(site, operands)
+    printing.default_output(site, operands)
     return event_outputs(operands)
 
 
@@ -273,8 +273,8 @@ def _lowering(*operands, **params):
     site = site_of(params)
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
-    if console.default_enabled():
-        jax.debug.callback(lambda *ops: console.default_output(site, ops), *operands)
+    if printing.default_enabled():
+        jax.debug.callback(lambda *ops: printing.default_output(site, ops), *operands)
     return event_outputs(operands)
 
 

@@ -1,18 +1,12 @@
 """Fixtures that start real components: an MLflow tracking server, and
 hermetic environments for the W&B and Neptune clients (offline).
 
-The suite runs with eight CPU devices (set before JAX starts), so that
-sharded programs and `shard_map` are tested on a machine without accelerators;
-single-device programs still run on the first.
+The helpers they use are in tests/support/ (on the path); `devices` comes first:
+it gives JAX eight CPU devices before JAX starts.
 """
 
-import os
 
-DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
-    os.environ["XLA_FLAGS"] = flags.strip()
-
+import devices  # noqa: F401  (first: it sets XLA_FLAGS before JAX starts)
 import pytest  # noqa: E402
 import wandb  # noqa: E402
 from mlflow_server import CLIENT_ENV, MlflowServer  # noqa: E402

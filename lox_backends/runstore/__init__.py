@@ -1,0 +1,2 @@
+"""Runs on disk or in a bucket: the format (`layout`), reading it back
+(`reader`) and the filesystems it lives on (`filesystems`)."""

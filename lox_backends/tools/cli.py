@@ -1,0 +1,196 @@
+"""The ``lox`` command.
+
+    lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
+    lox plot RUN_DIR --key loss -o loss.png                 one curve per run and key (--run, --group choose runs)
+    lox backends                                            installed backends and their packages
+    lox runs RUN_DIR                                        the runs of a folder: name, id, status, created, rows
+    lox sync RUN_DIR --to SPEC [--timeout 30]               send saved runs to a tracker (what is missing)
+    lox --version
+
+RUN_DIR may be a folder in a bucket: s3://bucket/runs, gs://bucket/runs (see lox_backends.runstore.filesystems).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import sys
+
+from lox_backends.plugin.config import mask_secrets
+from lox_backends.plugin.registry import registry
+from lox_backends.runstore import reader
+from lox_backends.tools.demo import run_demo
+from lox_backends.tools.plot import plot_runs
+from lox_backends.trackers.template import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
+
+
+def version() -> str:
+    """The installed version of lox (its distribution is jax-lox)."""
+    try:
+        return importlib.metadata.version("jax-lox")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed: pip install -e .)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lox", description="lox: accelerated logging for JAX.")
+    parser.add_argument("--version", action="version", version=f"lox {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="train a small model with several seeds, log it, plot it",
+        description=(
+            "Train a two-layer network on y = sin(3x) with minibatch SGD, one run per seed, all seeds "
+            "at once under jax.vmap. Every step's loss and gradient norm and every epoch's validation "
+            "loss are logged to 'console,parquet:DIR'; at the end the loss curves are plotted into "
+            "DIR/loss.png (plotting needs matplotlib: pip install 'jax-lox[plot]')."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument("--dir", default="lox-runs", help="where the runs are saved")
+    demo.add_argument("--seeds", type=int, default=4, help="how many seeds (runs) are trained side by side")
+    demo.add_argument("--epochs", type=int, default=20, help="training epochs")
+    demo.add_argument("--steps", type=int, default=100, help="SGD steps per epoch")
+
+    plot = commands.add_parser(
+        "plot",
+        help="plot keys of saved runs, one curve per run and key",
+        description=(
+            "Plot keys of saved runs against a step, one curve per run and key, into a PNG (needs matplotlib: "
+            "pip install 'jax-lox[plot]'). Curves are labelled by run name, or GROUP/NAME where runs of "
+            "different groups share a name; a key holding arrays is plotted as the mean of each event's "
+            "values, which its label says."
+        ),
+    )
+    plot.add_argument("path", help="a folder of runs, or one run's folder (a local path, or s3://... gs://...)")
+    plot.add_argument("--key", action="append", dest="keys", metavar="KEY",
+                      help="a key to plot (default: loss; repeat for several, e.g. --key loss --key val_loss)")
+    plot.add_argument("--smooth", type=float, default=0.0, metavar="WEIGHT",
+                      help="smooth each curve with an exponential moving average of this weight, from 0 (the "
+                           "default: none) to below 1, the raw curve faint behind it")
+    plot.add_argument("--title", default=None, help="the plot's title (default: none)")
+    plot.add_argument("-o", "--output", default=None,
+                      help="PNG file (default: KEY.png in PATH; in the current folder for a bucket)")
+    plot.add_argument("--step", default="step",
+                      help="the step name on the x axis (default: step; a key logged without any step is "
+                           "plotted against its event index)")
+    plot.add_argument("--run", action="append", dest="runs", metavar="RUN",
+                      help="plot only this run: its name, GROUP/NAME or run id (repeat for several)")
+    plot.add_argument("--group", action="append", dest="groups", metavar="GROUP",
+                      help="plot only the runs of this group (repeat for several)")
+
+    commands.add_parser("backends", help="list installed backends and what the missing ones need")
+
+    sync = commands.add_parser(
+        "sync",
+        help="send saved runs (a tracker's local log, or any parquet folder) to a tracker, skipping what it has",
+    )
+    sync.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
+    sync.add_argument(
+        "--to", required=True, metavar="SPEC", help="the tracker, e.g. 'mlflow:http://127.0.0.1:5000?experiment=demo'"
+    )
+    sync.add_argument(
+        "--timeout", type=float, default=DEFAULT_SYNC_TIMEOUT, metavar="SECONDS",
+        help="give up when one step (a call to the tracker, reading a run's files) takes longer than this "
+             f"(default: {DEFAULT_SYNC_TIMEOUT:g}); nothing is recorded as sent that was not",
+    )
+
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs of a folder: name, run id, status, created, rows",
+        description=(
+            "List the runs saved in a folder (by the parquet backend, or a tracker's local log), oldest first, "
+            "one line each: name, run id, status (running, finished, failed, or killed: its process died), "
+            "when it was created (UTC), and how many rows it holds once it ended."
+        ),
+    )
+    runs.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
+
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `lox`
+        parser.print_help()
+        return 0
+    try:
+        _run(args)
+    except (LookupError, OSError, ValueError, ImportError) as error:
+        # What the user can fix (a wrong path or key, a missing package): the message, not a traceback.
+        parser.exit(2, f"lox {args.command}: error: {error.args[0] if error.args else error}\n")
+    return 0
+
+
+def _run(args) -> None:
+    if args.command == "demo":
+        run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
+    elif args.command == "plot":
+        print(plot_runs(
+            args.path, key=args.keys or ["loss"], output=args.output, step=args.step, runs=args.runs,
+            groups=args.groups, smoothing=args.smooth, title=args.title,
+        ))
+    elif args.command == "backends":
+        print(backends_table())
+    elif args.command == "runs":
+        print(runs_table(args.path))
+    elif args.command == "sync":
+        try:
+            done, error = sync(args.path, args.to, timeout=args.timeout), None
+        except SyncError as failure:
+            done, error = failure.done, failure
+        total_files = total_rows = 0
+        for folder, files, rows in done:
+            print(f"{folder}: sent {files} batch file(s), {rows} row(s)")
+            total_files, total_rows = total_files + files, total_rows + rows
+        print(f"sent {total_files} batch file(s), {total_rows} row(s) to {mask_secrets(args.to)}")
+        if isinstance(error, SyncTimeout):  # its message says what to do
+            print(f"lox sync: error: {error}", file=sys.stderr)
+            raise SystemExit(1)
+        if error is not None:
+            print(f"lox sync: error: {error}\nRun `lox sync` again once the cause is fixed: it sends only what "
+                  "is missing.", file=sys.stderr)
+            raise SystemExit(1)
+
+
+def runs_table(path: str) -> str:
+    """The runs at `path`, oldest first, one line each under a header: name,
+    run id, status (a run whose process died: killed), when it was created
+    (UTC, to the second), and its rows where ``_run.json`` records them (once
+    the run ended)."""
+    rows = [("name", "run id", "status", "created (UTC)", "rows")]
+    for info in reader.runs(path):
+        rows.append((str(info.get("name", "")), str(info.get("run_id", "")), str(info.get("status", "")),
+                     _utc(info.get("created")), str(info["rows"]) if "rows" in info else ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join([*(f"{row[i]:<{widths[i]}}" for i in range(4)), row[4]]).rstrip() for row in rows)
+
+
+def _utc(created) -> str:
+    """An ISO-8601 time as ``YYYY-MM-DD HH:MM:SS`` in UTC (as it is, if it is not one)."""
+    try:
+        when = datetime.datetime.fromisoformat(str(created))
+    except ValueError:
+        return str(created or "")
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def backends_table() -> str:
+    """Every installed backend: name, package, whether its extra is installed."""
+    rows = [("backend", "package", "installed", "description")]
+    for name, offers in registry.offers().items():
+        for offer in offers:
+            missing = offer.spec.missing()
+            if missing:
+                status = f"no: {offer.spec.install_hint()}"
+            else:
+                status = "yes"
+            if len(offers) > 1:
+                status += f" (conflict: also claimed by {', '.join(o.package for o in offers if o is not offer)})"
+            rows.append((name, offer.package, status, offer.spec.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

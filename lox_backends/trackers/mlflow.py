@@ -1,0 +1,220 @@
+"""The ``mlflow`` backend: one MLflow run per lox run, sent from a local log.
+
+Config string ``mlflow:TRACKING_URI?experiment=NAME`` (``pip install
+'jax-lox[mlflow]'``). The tracking URI is anything MLflow takes
+(``http://127.0.0.1:5000``, ``sqlite:///mlflow.db``, ``databricks``); without
+one, MLflow's own default applies (``MLFLOW_TRACKING_URI``). Credentials come
+from MLflow's usual environment variables (``MLFLOW_TRACKING_TOKEN``,
+``MLFLOW_TRACKING_USERNAME`` / ``PASSWORD``...) and are never printed.
+
+What goes where:
+
+* Each lox run (each seed of a vmapped ``logger.init``) becomes an MLflow run in
+  the experiment (created if missing; default ``lox``), named like the lox run
+  and tagged ``lox.run_id``, ``lox.group`` (shared by the seeds of one Logger:
+  group or filter by it in the MLflow UI) and ``lox.index``. Run metadata and
+  config become params (nested values as JSON text).
+* Scalar events become metrics, sent with ``log_batch`` (at most 1000 metrics
+  per request). Their MLflow step is the event's ``step`` (else its first
+  other step name; 0 without any); every other step name it has is logged as
+  a metric of its own at that step (e.g. ``epoch``), so charts can use it as
+  their x axis. Keys become metric names, with characters MLflow refuses (and
+  empty, ``.`` and ``..`` path parts) replaced by ``_``: two keys that differ
+  only there become one metric.
+* Array-valued events (and complex scalars) go to the run's artifacts as Parquet files,
+  ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
+  folder of them; so do pandas and DuckDB).
+* A run ends ``FINISHED`` when ``logger.finish`` closes it, ``FAILED`` when
+  it failed (logs were lost, or the program raised); ``lox sync`` ends a run
+  whose process died ``KILLED`` (a run still being written stays ``RUNNING``).
+
+Every value gets the timestamp of the batch file it was written to, so that a
+batch sent again (after a crash, with ``lox sync``) repeats exactly the values
+MLflow's database already holds, which it then ignores: metrics arrive once.
+(MLflow's file store, ``./mlruns``, does not ignore them; use a database or a
+server.) The same value logged twice for one key and step within one batch is
+stored once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from lox_backends.plugin import hooks
+from lox_backends.plugin.config import Option
+from lox_backends.trackers.template import Batch, TrackerBackend, arrays, ended_status, scalars
+from lox_core.logdict import NO_STEP
+
+DEFAULT_EXPERIMENT = "lox"
+MAX_METRICS = 1000  # per log_batch request (MLflow's limit)
+MAX_PARAMS = 100
+MAX_PARAM_VALUE = 6000
+STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}  # lox's → MLflow's run status
+_INVALID = re.compile(r"[^\w./\- :]")  # what MLflow refuses in metric and param names
+
+
+class MlflowBackend(TrackerBackend):
+    """Sends runs to MLflow; see the module docstring."""
+
+    tracker = "mlflow"
+    option_specs = {
+        "experiment": Option("the MLflow experiment, created if missing",
+                             default=DEFAULT_EXPERIMENT, check=lambda name: None if name else "it must not be empty"),
+    }
+    example = "mlflow:http://127.0.0.1:5000?experiment=demo"
+
+    def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
+        super().__init__(target, options)
+        self.experiment: str = self.settings["experiment"]
+        # Imported here, in the thread that creates the backend: the sending
+        # thread may first need it while the interpreter exits.
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=_absolute(target)) if target else MlflowClient()
+        self._experiment_id: str | None = None
+        self._created: dict[str, str] = {}  # lox run id → MLflow run id created by this backend
+
+    def destination(self) -> str:
+        return f"{self._client.tracking_uri} experiment={self.experiment}"
+
+    def _experiment(self) -> str:
+        if self._experiment_id is None:
+            found = self._client.get_experiment_by_name(self.experiment)
+            if found is not None:
+                self._experiment_id = found.experiment_id
+            else:
+                try:
+                    self._experiment_id = self._client.create_experiment(self.experiment)
+                except Exception:  # created meanwhile by another process
+                    found = self._client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+                    self._experiment_id = found.experiment_id
+        return self._experiment_id
+
+    def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
+        from mlflow.entities import Param
+
+        client = self._client
+        run_id = self._find_run(run, remote) or self._created.get(run.run_id)
+        if run_id is None:
+            tags = {"lox.run_id": run.run_id, "lox.group": run.group, "lox.index": str(run.index)}
+            run_id = client.create_run(self._experiment(), tags=tags, run_name=run.name).info.run_id
+            self._created[run.run_id] = run_id  # a retry (the params below failed) reuses it
+        # Params have one value each: logging the same ones again (when a run is resumed) is harmless.
+        params = [Param(_name(k), _param_value(v)) for k, v in sorted(run.metadata.items())]
+        for start in range(0, len(params), MAX_PARAMS):
+            client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
+        return {"run_id": run_id}
+
+    def _find_run(self, run: hooks.RunInfo, remote: dict | None) -> str | None:
+        """The MLflow run this lox run was sent to before, if any."""
+        if remote and remote.get("run_id"):
+            return remote["run_id"]
+        if not self.syncing:  # a run this process opened: new, unless `lox sync` resumes it
+            return None
+        found = self._client.search_runs(
+            [self._experiment()], filter_string=f"tags.`lox.run_id` = '{run.run_id}'", max_results=1
+        )
+        return found[0].info.run_id if found else None
+
+    def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
+        from mlflow.entities import Metric
+
+        events, time_ms = scalars(batch.table), batch.time_ms
+        steps, besides = events.tracker_steps()
+        steps[steps == NO_STEP] = 0  # MLflow needs a step
+        keys = {key: _name(key) for key in set(events.keys)}
+        metrics = [
+            Metric(keys[key], value, time_ms, step)
+            for key, value, step in zip(events.keys, events.values.tolist(), steps.tolist(), strict=True)
+        ]
+        for name, has in besides.items():
+            # One metric per (step, value) of this step name, however many keys carried it.
+            pairs = np.unique(np.stack([steps[has], events.steps[name][has]], axis=1), axis=0).tolist()
+            metrics += [Metric(_name(name), float(value), time_ms, step) for step, value in pairs]
+        for start in range(0, len(metrics), MAX_METRICS):
+            self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS])
+        array_rows = arrays(batch.table)
+        if array_rows.num_rows:
+            with tempfile.TemporaryDirectory(prefix="lox-mlflow-") as folder:
+                path = os.path.join(folder, batch.name)
+                pq.write_table(array_rows, path)
+                self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
+
+    def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
+        self._client.set_terminated(remote["run_id"], STATUSES.get(ended_status(run), "FAILED"))
+
+    @contextlib.contextmanager
+    def calls_within(self, seconds: float):
+        """While ``lox sync`` runs: MLflow's client would retry a request that
+        fails 7 times over about 4 minutes, and wait 120 s for each answer
+        (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``,
+        read at every request): unless those variables are set, it tries
+        once and waits `seconds` (whole seconds, at least 1) for an answer, so
+        that an unreachable server is reported at once, with MLflow's own
+        error naming the request (lox sync is the retry: run it again)."""
+        wanted = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(seconds)))}
+        chosen = {name: value for name, value in wanted.items() if name not in os.environ}
+        os.environ.update(chosen)
+        try:
+            yield
+        finally:
+            for name, value in chosen.items():
+                if os.environ.get(name) == value:
+                    del os.environ[name]
+
+    def transient(self, error: Exception) -> bool:
+        """Retried: the server unreachable, overloaded or failing (HTTP 5xx, 429),
+        the database busy. Not: what MLflow refuses (an invalid name or value, a
+        deleted run or experiment)."""
+        from mlflow.exceptions import MlflowException, RestException
+
+        if isinstance(error, RestException):
+            status = error.get_http_status_code()
+            return status >= 500 or status == 429
+        if isinstance(error, MlflowException):
+            return error.error_code in ("INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED")
+        return super().transient(error)
+
+
+def _absolute(uri: str) -> str:
+    """A SQLite URI with a relative path made absolute now (MLflow would
+    resolve it at its first request, and reuse that database for the same URI
+    after an os.chdir), like the local log's folder."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not os.path.isabs(uri[len(prefix) :]):
+        return prefix + os.path.abspath(uri[len(prefix) :])
+    return uri
+
+
+def _name(key: str) -> str:
+    """A metric or param name MLflow accepts: refused characters become ``_``,
+    and so do empty, ``.`` and ``..`` path parts (``a//b`` is ``a/_/b``)."""
+    parts = [part if part not in ("", ".", "..") else "_" for part in _INVALID.sub("_", key).split("/")]
+    return "/".join(parts)[:250]
+
+
+def _param_value(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:MAX_PARAM_VALUE]
+
+
+@hooks.hookimpl
+def lox_backends():
+    return [
+        hooks.BackendSpec(
+            "mlflow",
+            "lox_backends.trackers.mlflow:MlflowBackend",
+            description="one MLflow run per lox run (mlflow:TRACKING_URI?experiment=NAME)",
+            requires=("mlflow",),
+            install="pip install 'jax-lox[mlflow]'",
+        )
+    ]

@@ -1,0 +1,289 @@
+"""The boundary between a Logger and its backends: one `write` method, a thread per
+backend (a hanging or failing plugin never costs another backend its data), backends
+written for the older contract, and an import graph without cycles."""
+
+import ast
+import pathlib
+import threading
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from logs_testing import assert_logs_equal
+
+import lox
+from lox_backends.logger import worker
+from lox_backends.logger.logger import BackendError, Logger
+from lox_backends.memory import MemoryBackend
+from lox_backends.parquet import ParquetBackend
+from lox_backends.plugin import hooks
+from lox_backends.plugin.registry import registry
+from lox_core.logdict import concat
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+PACKAGES = ("lox", "lox_core", "lox_backends")
+
+
+def train(w, xs, start=0):
+    def step(w, ix):
+        i, x = ix
+        lox.log({"loss": (w * x - 1.0) ** 2, "w2": jnp.stack([w, -w])}, step=i)
+        return w - 0.1 * x * (w * x - 1.0), None
+
+    return jax.lax.scan(step, w, (start + jnp.arange(xs.shape[0]), xs))[0]
+
+
+class _HangPlugin:
+    """A plugin whose backend's `write` blocks until released (a tracker that stopped answering)."""
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    class HangBackend(hooks.Backend):
+        def write(self, run, table):
+            _HangPlugin.entered.set()
+            _HangPlugin.release.wait(120)
+
+    @hooks.hookimpl
+    def lox_backends(self):
+        return [hooks.BackendSpec("hang", self.HangBackend, description="hangs in write (a test plugin)")]
+
+
+@pytest.fixture(scope="module")
+def hang_plugin():
+    registry.register(_HangPlugin(), name="lox-tests:hang")
+    yield _HangPlugin
+    _HangPlugin.release.set()
+
+
+def test_a_hanging_plugin_beside_parquet_keeps_every_parquet_row(tmp_path, hang_plugin):
+    logger = lox.loggers.from_config(f"parquet:{tmp_path},hang", timeout=2)
+    state = logger.init(name="beside-a-hang")
+    xs = jnp.linspace(0.1, 1.0, 5)
+    want = []
+    w = jnp.float32(0.5)
+    for epoch in range(20):  # 20 epochs, each spooled, while the plugin hangs from the first
+        want.append(lox.spool(train)(w, xs, 5 * epoch)[1])
+        w = logger.spool(train, state)(w, xs, 5 * epoch)
+    with pytest.raises(TimeoutError, match=r"hang of logger 'lox' did not finish within 2 s"):
+        logger.finish(state)
+    assert hang_plugin.entered.is_set()
+    (saved,) = lox.load(tmp_path).values()
+    assert_logs_equal(saved, concat(want), rtol=1e-6)
+    hang_plugin.release.set()
+    logger.close(timeout=30)
+
+
+def test_a_failing_backend_warns_at_once_and_raises_at_the_next_call_naming_it():
+    class Broken(hooks.Backend):
+        def write(self, run, table):
+            raise ValueError("quota exceeded")
+
+    working = MemoryBackend()
+    logger = Logger([Broken(), working])
+    state = logger.init()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger.log(state, lox.logdict({"x": np.zeros(1)}))
+        with pytest.raises(BackendError, match=r"Broken: ValueError\('quota exceeded'\)"):
+            logger.flush()
+    assert any("backend Broken failed: ValueError('quota exceeded')" in str(w.message) for w in caught)
+    logger.log(state, lox.logdict({"x": np.ones(1)}))  # raised once: the logger goes on
+    with pytest.raises(BackendError, match="quota exceeded"):
+        logger.finish(state)
+    assert working.logs()["x"].tolist() == [0.0, 1.0]  # the other backend has everything
+
+
+def test_a_hanging_backend_holding_max_pending_stops_the_logger_at_its_next_call(monkeypatch):
+    monkeypatch.setattr(worker, "HANGS_AFTER", 0.2)
+    release = threading.Event()
+
+    class Stuck(hooks.Backend):
+        def write(self, run, table):
+            release.wait(60)
+
+    memory = MemoryBackend()
+    logger = Logger([Stuck(), memory], max_pending=1000)
+    state = logger.init(name="stuck")
+    logs = lox.logdict({"x": np.arange(100.0)})
+    logger.log(state, logs)
+    deadline = time.monotonic() + 30
+    with pytest.raises(BackendError, match=r"backend Stuck holds \d+ batch\(es\) \(.* KiB\) of run\(s\) 'stuck-.*' "
+                                           r"that it could not write \(a call to it has run more than 0.2 s: it hangs, "
+                                           r"or cannot keep up\); that is more than the logger's max_pending \(1000 "
+                                           r"bytes\)"):
+        while time.monotonic() < deadline:
+            logger.log(state, logs)
+            time.sleep(0.05)
+    release.set()
+    logger.finish(state)
+    assert memory.logs()["x"].size % 100 == 0 and memory.logs()["x"].size >= 200  # nothing accepted was lost
+
+
+def test_a_backend_written_for_write_batch_keeps_working_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"Old implements `write_batch`.*rename the method"):
+
+        class Old(hooks.Backend):
+            def __init__(self):
+                super().__init__()
+                self.tables = []
+
+            def write_batch(self, run, table):
+                self.tables.append(table)
+
+    backend = Old()
+    logger = Logger([backend])
+    state = logger.init()
+    xs = jnp.linspace(0.1, 1.0, 3)
+    logger.spool(train, state)(0.5, xs)
+    logger.tap(train, state)(0.5, xs, 3)  # tapped events arrive as tables too
+    logger.finish(state)
+    got = lox.logdict.from_arrow(backend.tables[0])
+    assert_logs_equal(got, lox.spool(train)(0.5, xs)[1], rtol=1e-6)
+    assert len(backend.tables) >= 2
+
+
+def test_a_backend_that_only_takes_logdict_events_is_refused_naming_the_method_to_write():
+    class EventsOnly(hooks.Backend):
+        def write_event(self, run, event):
+            pass
+
+    with pytest.raises(TypeError, match=r"EventsOnly implements `write_event`.*implement `write\(self, run, table\)`"):
+        Logger([EventsOnly()])
+    with pytest.raises(TypeError, match=r"takes backends \(subclasses of lox_backends.plugin.hooks.Backend\), got str"):
+        Logger(["parquet"])
+
+
+# --- the import graph -------------------------------------------------------------------------------
+def _modules():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            yield name, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _imported(node, module):
+    """The modules an import statement names (relative imports are not used in lox)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    names = [f"{node.module}.{alias.name}" for alias in node.names]  # `from pkg import module`
+    return [node.module, *names]
+
+
+def _project_imports(tree, module, top_level):
+    """Project modules imported at module level (`top_level`) or inside functions."""
+    found = set()
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    nested = {id(n) for f in functions for n in ast.walk(f) if n is not f}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and (id(node) in nested) != top_level:
+            found.update(n for n in _imported(node, module) if n.split(".")[0] in PACKAGES)
+    known = dict(_modules())
+    return {n for n in found if n in known}
+
+
+def test_the_module_level_imports_of_lox_have_no_cycle():
+    graph = {name: _project_imports(tree, name, top_level=True) - {name} for name, tree in _modules()}
+    state: dict[str, str] = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                cycle = path[path.index(dep):] + [dep]
+                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+            if dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert "lox_backends.logger.logger" in graph["lox"] | graph["lox.loggers"]  # the walk sees real edges
+
+
+def test_backends_never_import_the_lox_facade_and_import_lox_modules_at_the_top():
+    inside_functions = {}
+    for name, tree in _modules():
+        if name.startswith("lox_backends"):
+            top = _project_imports(tree, name, top_level=True)
+            assert not {m for m in top if m == "lox" or m.startswith("lox.")}, f"{name} imports the lox facade"
+        if name != "lox_core.logdict":  # logdict.to_arrow/from_arrow: arrow.py imports logdict
+            inside_functions[name] = _project_imports(tree, name, top_level=False)
+    assert {name: found for name, found in inside_functions.items() if found} == {}
+
+
+# --- what arrives late or shared: runs still close, rows still in step order ----------------------------
+def test_finish_closes_its_runs_even_when_late_logs_of_a_finished_run_are_refused():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    first, second = logger.init(name="first"), logger.init(name="second")
+    logger.finish(first)
+    logger.log(first, lox.logdict({"x": np.zeros(1)}))  # too late: refused in the background
+    logger.log(second, lox.logdict({"x": np.ones(1)}))
+    with pytest.raises(BackendError, match=r"logs for run 'first' arrived after `logger.finish` closed it"):
+        logger.finish(second)
+    assert backend.closed == {run.run_id: True for run in logger.runs()}
+    assert backend.logs(logger.runs()[1].run_id)["x"].tolist() == [1.0]
+
+
+def test_one_run_logged_from_every_element_of_a_vmap_keeps_its_rows_in_step_order():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    state = logger.init(name="shared")  # not vmapped: every element logs to this one run
+    xs = jnp.linspace(0.1, 1.0, 4)
+    for epoch in range(3):
+        jax.vmap(lambda w, epoch=epoch: logger.spool(train, state)(w, xs, 4 * epoch))(jnp.arange(3.0))
+    logger.finish(state)
+    steps = np.concatenate([t.column("step").to_numpy() for t in backend.tables()])
+    assert len(steps) == 2 * 3 * 3 * 4 and (np.diff(steps) >= 0).all()  # 2 keys, 3 elements, 3 calls, 4 steps
+
+
+def test_a_vmapped_state_logged_under_jit_without_vmap_reaches_each_run():
+    backend = MemoryBackend()
+    logger = Logger([backend])
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
+    logs = lox.logdict({"w": np.arange(3.0)[:, None]}, {"step": {"w": np.zeros((3, 1), np.int32)}})  # runs, events
+    jax.jit(lambda s, logs: logger.log(s, logs))(states, logs)
+    with pytest.raises(ValueError, match=r"runs of shape \(3,\) \(one per seed\), but 'w' has shape \(1,\)"):
+        jax.jit(lambda s: logger.log(s, lox.logdict({"w": jnp.zeros(1)})))(states)  # refused at the call
+    logger.finish(states)
+    assert [backend.logs(run.run_id)["w"].tolist() for run in logger.runs()] == [[0.0], [1.0], [2.0]]
+
+
+def test_a_subclass_of_a_builtin_backend_written_for_write_batch_still_writes(tmp_path):
+    with pytest.warns(DeprecationWarning, match="Tagged implements `write_batch`"):
+
+        class Tagged(ParquetBackend):  # as written for lox 0.1
+            def write_batch(self, run, table):
+                self.rows = getattr(self, "rows", 0) + table.num_rows
+                super().write_batch(run, table)
+
+    backend = Tagged(str(tmp_path))
+    logger = Logger([backend])
+    state = logger.init(name="tagged")
+    logger.log(state, lox.logdict({"x": np.arange(4.0)}, {"step": {"x": np.arange(4)}}))
+    logger.finish(state)
+    assert backend.rows == 4 and lox.load(tmp_path / state_run_id(logger))["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def state_run_id(logger):
+    (run,) = logger.runs()
+    return run.run_id
+
+
+def test_a_plugins_check_options_refuses_unknown_options_naming_the_close_one():
+    class Mine(hooks.Backend):
+        def __init__(self, target=None, options=None):
+            super().__init__(target, options)
+            self.check_options("mine", {"every": "write every n-th batch"}, "mine:runs?every=10")
+
+    Mine("runs", {"every": "10"})
+    with pytest.raises(ValueError, match=r"^the mine backend has no option 'evry'; did you mean 'every'\? Its options "
+                                         r"are: every \(write every n-th batch\)\. E\.g\. 'mine:runs\?every=10'\.$"):
+        Mine("runs", {"evry": "10"})
+    with pytest.raises(ValueError, match=r"^the mine backend has no option 'colour'; its options are: every "):
+        Mine("runs", {"colour": "red"})
