@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import Option, check_options
+from lox_backends.plugin.config import Option
 from lox_core import printing, schema
 
 OPTIONS = {
@@ -33,11 +33,14 @@ EXAMPLE = "console?interval=5"
 
 
 class ConsoleBackend(hooks.Backend):
+    OPTIONS = OPTIONS
+    EXAMPLE = EXAMPLE
+
     def __init__(self, target=None, options=None):
         super().__init__(target, options)
         if target:
             raise ValueError(f"the console backend takes no target (got 'console:{target}'). E.g. {EXAMPLE!r}.")
-        settings = check_options("console", self.options, OPTIONS, EXAMPLE)
+        settings = self.settings
         self.interval: float = settings["interval"]
         self.every: int | None = settings["every"]
         self.total: int | None = settings["total"]
@@ -81,8 +84,6 @@ class ConsoleBackend(hooks.Backend):
         now = time.monotonic()
         first = self._progress.get(run_id)
         self._progress[run_id] = (now, step, now, step) if first is None else (first[0], first[1], now, step)
-
-    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def close_run(self, run):
         if self._unshown.get(run.run_id):

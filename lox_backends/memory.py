@@ -12,7 +12,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import check_options
 from lox_core.arrow import concat_read, from_arrow
 from lox_core.logdict import logdict
 
@@ -47,7 +46,6 @@ class MemoryBackend(hooks.Backend):
         if target:
             raise ValueError(f"the memory backend takes no target (got 'memory:{target}'); it keeps runs in "
                              "this process. Use 'memory'.")
-        check_options("memory", self.options, {}, "memory")
         self.runs: dict[str, hooks.RunInfo] = {}
         self.writes: dict[str, list[pa.Table]] = {}
         self.closed: dict[str, bool] = {}
@@ -59,8 +57,6 @@ class MemoryBackend(hooks.Backend):
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         self._register(run).append(table)
-
-    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def flush(self) -> None:
         self.flushes += 1

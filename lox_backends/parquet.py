@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import Option, check_options
+from lox_backends.plugin.config import Option
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.reader import (
     BATCHES_SUFFIX,
@@ -126,6 +126,8 @@ class LogListener:
 
 
 class ParquetBackend(hooks.Backend):
+    OPTIONS = OPTIONS
+    EXAMPLE = EXAMPLE
     heartbeat_every: float = 5.0  # seconds between flushes (set by the Logger): how often a heartbeat is written
 
     """Writes runs under ``DIR`` as append-only Parquet batch files: ``DIR/<run_id>/_run.json``
@@ -143,9 +145,8 @@ class ParquetBackend(hooks.Backend):
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        settings = check_options("parquet", self.options, OPTIONS, EXAMPLE)
-        self.compression: str = settings["compression"]
-        self.rows_per_file: int = settings["rows_per_file"]
+        self.compression: str = self.settings["compression"]
+        self.rows_per_file: int = self.settings["rows_per_file"]
         # Absolute now, so that a later os.chdir does not split a run in two.
         self.root = filesystems.resolve(target or DEFAULT_DIR, check=True)
         self.remote = filesystems.is_uri(self.root)
@@ -190,8 +191,6 @@ class ParquetBackend(hooks.Backend):
                 self._write_pending(group)
             except OSError:  # the tables are kept: the next `flush` writes them, or raises
                 self._retry_at_flush = True
-
-    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def flush(self) -> None:
         """Write what waits, make it durable and tell readers this writer is alive;

@@ -5,7 +5,7 @@ A plugin is any installed package that declares an entry point in the group
 lox's own backends are plugins declared the same way in its ``pyproject.toml``.
 
     # my_plugin.py
-    import lox_backends.plugin.hooks as hooks
+    from lox_backends import hooks
 
     class Backend(hooks.Backend):
         def write(self, run, table):
@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import warnings
-from typing import Any, Callable
+import re
+from collections.abc import Mapping
+from typing import Any, Callable, ClassVar
 
 import pluggy
 import pyarrow as pa
@@ -68,24 +69,35 @@ class Backend:
 
     `target` is the part of the config string after ``name:`` (a folder, a
     URI), or None; `options` the ``?key=value`` pairs, as strings.
+
+    A backend declares its options once, as `OPTIONS` (name → `Option`), with
+    `EXAMPLE`, a config string that uses them (its name names the backend in
+    messages). `__init__` checks the options given against them, once, and
+    keeps the typed values, with the defaults of those not given, in
+    `settings`: an unknown option (with the close name, for a typo) or a value
+    of the wrong type or range is refused there, where the Logger is made.
+
+    >>> from lox_backends.plugin.config import Option
+    >>> class Every(Backend):
+    ...     OPTIONS = {"every": Option("write every n-th batch", "int", 1, minimum=1)}
+    ...     EXAMPLE = "every:runs?every=10"
+    >>> Every("runs", {"every": "10"}).settings
+    {'every': 10}
+    >>> Every("runs", {"evry": "10"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: the every backend has no option 'evry'; did you mean 'every'? Its options are: every (...
     """
 
+    OPTIONS: ClassVar[Mapping[str, Option]] = {}
+    EXAMPLE: ClassVar[str] = ""
     config: str | None = None  # the config string it was made from (set by lox, secrets masked): names it in messages
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         self.target = target
         self.options = dict(options or {})
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        _adapt_old_methods(cls)
-
-    def check_options(self, backend: str, known: dict[str, str], example: str) -> None:
-        """Refuse options this backend does not have (with the close name, for a
-        typo): `known` maps each option to what it does; `example` is a config
-        string that uses them. For typed, range-checked options, see
-        `lox_backends.plugin.config.check_options`, which the built-in backends use."""
-        check_options(backend, self.options, {name: Option(what) for name, what in known.items()}, example)
+        name = re.split(r"[:?]", self.EXAMPLE, maxsplit=1)[0] or type(self).__name__
+        self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE or name)
 
     def attach(self, backends: list[Backend]) -> None:
         """Called once, in the user's thread, when a Logger takes this backend,
@@ -98,8 +110,6 @@ class Backend:
     def write(self, run: RunInfo, table: pa.Table) -> None:
         """Logs of `run` as an Arrow table: a spooled batch (`logger.spool`,
         `logger.log`), or a block of tapped events (`logger.tap`)."""
-
-    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def flush(self) -> None:
         """Make everything written so far durable or sent."""
@@ -118,46 +128,37 @@ class Backend:
         need it."""
 
 
-def _adapt_old_methods(cls: type[Backend]) -> None:
-    """Backends written before `write` existed: ``write_batch(run, table)`` had
-    the same meaning and keeps working (with a warning); backends that only
-    take tapped events as logdicts are refused when a Logger takes them
-    (`check_backend`). A method counts where a class defines it below the
-    class that defines `write` (a subclass of a built-in backend too)."""
-    if not _newer(cls, "write_batch", "write"):
-        return
-    warnings.warn(
-        f"lox backend {cls.__qualname__} implements `write_batch`, which lox now calls `write(run, table)` "
-        "(tapped events arrive as tables too); rename the method. It is called as `write` meanwhile.",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    cls.write = lambda self, run, table: self.write_batch(run, table)  # type: ignore[method-assign]
+# What earlier lox releases called things, and what a backend implements instead.
+_RENAMED = {
+    "write_batch": "`write(self, run, table)` (the same arguments)",
+    "write_event": "`write(self, run, table)`, which receives tapped events as Arrow tables too "
+                   "(`lox.logdict.from_arrow(table)` gives a logdict back)",
+    "write_events": "`write(self, run, table)`, which receives tapped events as Arrow tables too "
+                    "(`lox.logdict.from_arrow(table)` gives a logdict back)",
+    "options_help": "`OPTIONS = {name: Option(help)}` (lox_backends.plugin.config.Option) and `EXAMPLE`",
+    "option_specs": "`OPTIONS = {name: Option(...)}` and `EXAMPLE`",
+    "check_options": "`OPTIONS = {name: Option(...)}` and `EXAMPLE`: `Backend.__init__` checks them and sets "
+                     "`self.settings`",
+}
+
+
+def _refuse_old_names(cls: type) -> None:
+    """A backend written for an earlier lox fails where it is defined, saying
+    what to implement, rather than never being called."""
+    for name, instead in _RENAMED.items():
+        if any(name in vars(c) for c in cls.__mro__ if c is not Backend and c is not object):
+            raise TypeError(
+                f"lox backend {cls.__qualname__} defines `{name}`, which lox no longer uses: implement {instead}. "
+                "See plugins.md."
+            )
 
 
 def check_backend(backend: Backend) -> None:
-    """Refuse a backend that implements only methods lox no longer calls."""
+    """Refuse what a Logger cannot take as a backend."""
     if not isinstance(backend, Backend):
         raise TypeError(
             f"a lox Logger takes backends (subclasses of lox_backends.hooks.Backend), got {type(backend).__name__}."
         )
-    cls = type(backend)
-    old = [name for name in ("write_event", "write_events") if _newer(cls, name, "write")]
-    if old:
-        raise TypeError(
-            f"lox backend {cls.__qualname__} implements `{old[0]}`, which lox no longer calls: implement "
-            "`write(self, run, table)`, which receives spooled batches and tapped events alike as Arrow tables "
-            "(`lox.logdict.from_arrow(table)` gives a logdict back). See plugins.md."
-        )
-
-
-def _newer(cls: type, method: str, than: str) -> bool:
-    """Whether `cls` defines `method` in a class below the one defining `than`
-    (or `than` is only the base class's no-op)."""
-    def position(name: str) -> int:
-        return next((i for i, c in enumerate(cls.__mro__) if name in vars(c) and c is not Backend), len(cls.__mro__))
-
-    return position(method) < position(than)
 
 
 @dataclasses.dataclass(frozen=True)

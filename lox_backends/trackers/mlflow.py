@@ -64,11 +64,12 @@ class MlflowBackend(TrackerBackend):
     """Sends runs to MLflow; see the module docstring."""
 
     tracker = "mlflow"
-    option_specs = {
+    OPTIONS = {
         "experiment": Option("the MLflow experiment, created if missing",
                              default=DEFAULT_EXPERIMENT, check=lambda name: None if name else "it must not be empty"),
+        **TrackerBackend.OPTIONS,
     }
-    example = "mlflow:http://127.0.0.1:5000?experiment=demo"
+    EXAMPLE = "mlflow:http://127.0.0.1:5000?experiment=demo"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)

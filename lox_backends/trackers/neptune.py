@@ -82,24 +82,25 @@ class NeptuneBackend(TrackerBackend):
     """Sends runs to Neptune; see the module docstring."""
 
     tracker = "neptune"
-    option_specs = {
+    OPTIONS = {
         "mode": Option("how runs are sent, by default NEPTUNE_MODE or else async", "choice", choices=MODES),
+        **TrackerBackend.OPTIONS,
     }
-    example = "neptune:my-workspace/my-project?mode=offline"
+    EXAMPLE = "neptune:my-workspace/my-project?mode=offline"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
         mode = self.settings["mode"] or os.environ.get("NEPTUNE_MODE") or "async"
         if mode not in MODES:
             raise ValueError(
-                f"the neptune backend's NEPTUNE_MODE is {mode!r}; use offline, async or sync. E.g. {self.example!r}."
+                f"the neptune backend's NEPTUNE_MODE is {mode!r}; use offline, async or sync. E.g. {self.EXAMPLE!r}."
             )
         project = target or os.environ.get("NEPTUNE_PROJECT") or None
         if project is not None and not _PROJECT.fullmatch(project):
             where = "project" if target else "NEPTUNE_PROJECT"
             raise ValueError(
                 f"the neptune backend's {where} is {project!r}; a Neptune project is WORKSPACE/PROJECT, "
-                f"e.g. {self.example!r}."
+                f"e.g. {self.EXAMPLE!r}."
             )
         if mode != "offline":
             if project is None:

@@ -56,7 +56,7 @@ from lox_backends.logger import shutdown
 from lox_backends.logger.worker import Worker
 from lox_backends.parquet import LogListener, ParquetBackend, check_writable
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import BackendConfig, Option, check_options, mask_secrets, parse
+from lox_backends.plugin.config import BackendConfig, Option, mask_secrets, parse
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems, reader
 from lox_backends.runstore.reader import (
@@ -124,15 +124,10 @@ class TrackerBackend(hooks.Backend):
     tracker = "tracker"
     confirms_at_end = False
     syncing = False  # True while `lox sync` sends (see `start_run`)
-    option_specs: dict[str, Option] = {}  # the subclass's own options, besides `local`
-    options_help: dict[str, str] = {}  # the same for text options: name → what it does (lox 0.2)
-    example = ""
+    OPTIONS = COMMON_OPTIONS  # a subclass adds its own: OPTIONS = {"project": Option(...), **TrackerBackend.OPTIONS}
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
-        specs = {**{name: Option(what) for name, what in self.options_help.items()}, **self.option_specs,
-                 **COMMON_OPTIONS}
-        self.settings = check_options(self.tracker, self.options, specs, self.example)
         # Resolved now, as a parquet backend's folder: a later os.chdir changes nothing.
         self._local = filesystems.resolve(self.settings["local"])
         self._local_given = "local" in self.options  # else the Logger's parquet backend is the local log
@@ -237,8 +232,6 @@ class TrackerBackend(hooks.Backend):
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         if self._owns_log:
             self.log.write(run, table)
-
-    write_batch = write  # its name before lox 0.2: subclasses written then call super().write_batch
 
     def flush(self) -> None:
         if self._owns_log:

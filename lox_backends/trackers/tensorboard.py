@@ -89,21 +89,20 @@ class TensorboardBackend(TrackerBackend):
     """
 
     tracker = "tensorboard"
-    options_help: dict[str, str] = {}
-    example = "tensorboard:tb-runs"
+    EXAMPLE = "tensorboard:tb-runs"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
         if target and "://" in target:
             raise ValueError(
                 f"the tensorboard backend writes to a local folder, got {target!r}; write to a folder "
-                f"(e.g. {self.example!r}) and copy it where it should go."
+                f"(e.g. {self.EXAMPLE!r}) and copy it where it should go."
             )
         # Resolved now: a later os.chdir changes nothing (as for the local log).
         self.logdir = os.path.abspath(os.path.expanduser(target or DEFAULT_LOGDIR))
         if os.path.exists(self.logdir) and not os.path.isdir(self.logdir):
             raise ValueError(
-                f"the tensorboard backend's folder {self.logdir!r} is a file; give it a folder, e.g. {self.example!r}."
+                f"the tensorboard backend's folder {self.logdir!r} is a file; give it a folder, e.g. {self.EXAMPLE!r}."
             )
         check_writable(self.logdir, "the tensorboard backend's folder")
         # Imported here, in the thread that creates the backend: the sending

@@ -91,19 +91,20 @@ class WandbBackend(TrackerBackend):
 
     tracker = "wandb"
     confirms_at_end = True
-    option_specs = {
+    OPTIONS = {
         "project": Option(f"the W&B project, by default WANDB_PROJECT or else {DEFAULT_PROJECT}"),
         "entity": Option("the W&B entity, a user or team, by default yours"),
         "mode": Option("how runs are sent, by default WANDB_MODE or else online", "choice", choices=MODES),
+        **TrackerBackend.OPTIONS,
     }
-    example = "wandb?project=demo&mode=offline"
+    EXAMPLE = "wandb?project=demo&mode=offline"
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
         if target:
             raise ValueError(
                 f"the wandb backend takes no target (got 'wandb:{target}'); the server is W&B's "
-                f"WANDB_BASE_URL. E.g. {self.example!r}."
+                f"WANDB_BASE_URL. E.g. {self.EXAMPLE!r}."
             )
         self.mode = _mode(self.settings["mode"])
         self.project = self.settings["project"] or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
@@ -111,7 +112,7 @@ class WandbBackend(TrackerBackend):
         if bad:
             raise ValueError(
                 f"the wandb backend's project {self.project!r} has {''.join(bad)!r}, which W&B refuses in project "
-                f"names ({_PROJECT_REFUSED}). E.g. {self.example!r}."
+                f"names ({_PROJECT_REFUSED}). E.g. {self.EXAMPLE!r}."
             )
         self.entity = self.settings["entity"] or os.environ.get("WANDB_ENTITY") or None
         # Resolved now, as the local log's folder is: where offline runs go.
