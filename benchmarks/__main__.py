@@ -535,6 +535,25 @@ def tensorboard():
         print(f"  tensorboard: not installed ({error.name}); pip install 'jax-lox[tensorboard]'")
 
 
+def imports():
+    print("`import lox` against `import jax`: fresh processes, interleaved, median of 7 each")
+    import subprocess  # here: only this section starts processes
+
+    def fresh(statement: str) -> float:
+        code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+        return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+    times: dict[str, list[float]] = {"jax": [], "lox": [], "lox.loggers": []}
+    for _ in range(7):
+        times["jax"].append(fresh("import jax"))
+        times["lox"].append(fresh("import lox"))
+        times["lox.loggers"].append(fresh("import lox.loggers"))
+    jax_s, lox_s, loggers_s = (statistics.median(times[name]) for name in ("jax", "lox", "lox.loggers"))
+    row("import jax", f"{jax_s * 1e3:.0f} ms")
+    row("import lox", f"+{(lox_s - jax_s) * 1e3:.0f} ms", lox_s / jax_s, "target <= import jax + 100 ms")
+    row("import lox.loggers (the Logger layer, pyarrow)", f"+{(loggers_s - jax_s) * 1e3:.0f} ms", loggers_s / jax_s)
+
+
 def frameworks():
     from benchmarks.frameworks import frameworks  # flax, equinox and optax only when asked for
 
@@ -544,7 +563,7 @@ def frameworks():
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
             "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
-            "trackers": trackers, "tensorboard": tensorboard, "frameworks": frameworks}
+            "trackers": trackers, "tensorboard": tensorboard, "frameworks": frameworks, "imports": imports}
 
 
 def main(argv: list[str]) -> None:

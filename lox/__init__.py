@@ -4,12 +4,14 @@
 outputs of one compiled program, `lox.tap` streams them to a callback, and
 `lox.nolog` removes them. `lox.loggers` sends them to backends (the console,
 Parquet files, plugins) and `lox.load` reads saved runs back.
+
+``import lox`` loads the core only: `lox.loggers`, `lox.load`, `lox.wandb` and
+`lox.neptune` (with pyarrow and the backends) load the first time they are used.
 """
 
-from lox import loggers as loggers
-from lox import neptune as neptune
-from lox import wandb as wandb
-from lox_backends.runstore.reader import load as load
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lox_core.logdict import NO_STEP as NO_STEP
 from lox_core.logdict import Event as Event
 from lox_core.logdict import logdict as logdict
@@ -19,7 +21,31 @@ from lox_core.printing import set_default as set_default
 from lox_core.spool import spool as spool
 from lox_core.tap import tap as tap
 
+if TYPE_CHECKING:  # loaded on first use (`__getattr__`), to keep `import lox` light
+    from lox import loggers as loggers
+    from lox import neptune as neptune
+    from lox import wandb as wandb
+    from lox_backends.runstore.reader import load as load
+
 __version__ = "0.2.0"
+
+_LAZY = {"loggers": ("lox.loggers", None), "wandb": ("lox.wandb", None), "neptune": ("lox.neptune", None),
+         "load": ("lox_backends.runstore.reader", "load")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'lox' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # once loaded, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "wandb",
