@@ -81,13 +81,13 @@ class Waiting:
         self._items.append(_Item("events", batch_ndim, np.asarray(runs), event, np.asarray(took)))
         return len(self._items) >= MAX_WAITING
 
-    def take(self) -> list[Group]:
-        """What waits, in order, as groups of items that leave together."""
+    def take(self) -> list[Departure]:
+        """What waits, in order, as departures: groups of items that leave together."""
         items, self._items = self._items, []
-        return [Group(group) for group in _groups(items)]
+        return [Departure(group) for group in _departures(items)]
 
 
-class Group:
+class Departure:
     """Consecutive waiting items that become parts together."""
 
     def __init__(self, items: list[_Item]):
@@ -119,7 +119,7 @@ class Group:
         return [Part(np.asarray(run), 0, joined) for run, logs in gathered.items() for joined in _joined(logs)], failed
 
 
-def _groups(items: list[_Item]) -> Iterator[list[_Item]]:
+def _departures(items: list[_Item]) -> Iterator[list[_Item]]:
     group: list[_Item] = []
     for item in items:
         if group and not _same_group(group[-1], item):
