@@ -22,7 +22,7 @@ from lox_backends.plugin.registry import registry
 from lox_backends.runstore import reader
 from lox_backends.tools.demo import run_demo
 from lox_backends.tools.plot import plot_runs
-from lox_backends.trackers.template import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
+from lox_backends.trackers.sync import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
 
 
 def version() -> str:

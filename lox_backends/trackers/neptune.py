@@ -66,7 +66,8 @@ import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
-from lox_backends.trackers.template import Batch, TrackerBackend, arrays, ended_status, scalars
+from lox_backends.trackers.tables import Batch, arrays, scalars
+from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core.logdict import NO_STEP
 
 if TYPE_CHECKING:  # an optional dependency, imported when a backend is created

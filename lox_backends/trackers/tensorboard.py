@@ -38,7 +38,7 @@ backend, if it has one; else ``lox-runs``, or ``local=DIR``), then converted
 in a background thread and flushed to the event file (fsynced):
 ``logger.flush()`` returns once TensorBoard can read everything logged before
 it. ``lox sync DIR --to tensorboard:OUT`` converts saved runs,
-each batch file once (see ``lox_backends.trackers.template``). A batch that was being
+each batch file once (see ``lox_backends.trackers.sync``). A batch that was being
 written when the process died is written again by ``lox sync``, into a new
 event file of the same folder: every event carries its batch file's time, and
 the events already in the run's files (read back first) are not written twice.
@@ -57,9 +57,10 @@ import time
 
 import numpy as np
 
-from lox_backends.parquet import check_writable
 from lox_backends.plugin import hooks
-from lox_backends.trackers.template import Batch, TrackerBackend, arrays, ended_status, scalars
+from lox_backends.runstore.filesystems import check_writable
+from lox_backends.trackers.tables import Batch, arrays, scalars
+from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core import schema
 from lox_core.arrow import from_arrow
 from lox_core.logdict import NO_STEP

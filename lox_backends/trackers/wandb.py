@@ -68,8 +68,9 @@ import numpy as np
 
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
-from lox_backends.runstore.reader import fsync
-from lox_backends.trackers.template import Batch, TrackerBackend, ended_status
+from lox_backends.runstore.filesystems import fsync
+from lox_backends.trackers.tables import Batch
+from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core import schema
 from lox_core.arrow import from_arrow
 from lox_core.logdict import NO_STEP

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 from wandb_records import offline_runs as wandb_runs
 
 import lox
-from lox_backends.trackers import template
+from lox_backends.trackers.sync import sync
 from lox_backends.trackers.wandb import wandb_id
 
 BATCHES, STEPS = 3, 4  # batch files per run (a flush after each), steps per batch
@@ -151,7 +151,7 @@ def test_lox_sync_writes_no_local_log(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    done = template.sync(str(tmp_path / "runs"), f"tensorboard:{tmp_path}/tb")
+    done = sync(str(tmp_path / "runs"), f"tensorboard:{tmp_path}/tb")
     assert done == [(str(tmp_path / "runs" / run.run_id), BATCHES, BATCHES * STEPS)]
     assert list(elsewhere.iterdir()) == []  # no ./lox-runs
     assert tensorboard_series(tmp_path / "tb", logger.group, "r") == float32(EXPECTED)

@@ -25,11 +25,14 @@ import lox
 from lox_backends.logger.logger import BackendError
 from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
+from lox_backends.runstore.sent import SentRecord
 from lox_backends.tools import cli
-from lox_backends.trackers.template import SLOW_CALL, SentRecord, SyncError, sync
+from lox_backends.trackers.sending import SLOW_CALL, Shutdown
+from lox_backends.trackers.sync import SyncError, sync
 from lox_core.arrow import from_arrow
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
+HERE = pathlib.Path(__file__).resolve().parent
 STEPS_PER_EPOCH = 4
 
 
@@ -224,8 +227,8 @@ def test_server_down_then_back_loses_and_repeats_nothing(own_server, tmp_path, m
 
 CRASHING = """
 import sys, time, jax, jax.numpy as jnp, lox
-sys.path.insert(0, {tests!r})
-from test_mlflow_backend import train
+sys.path[:0] = {paths!r}  # this test module, and the helpers it imports
+from test_mlflow import train
 logger = lox.loggers.from_config({spec!r})
 state = logger.init(name="crashed")
 step = jax.jit(logger.spool(train, state))
@@ -244,7 +247,7 @@ time.sleep(600)
 def test_killed_process_then_lox_sync_delivers_everything_once(own_server, tmp_path):
     spec = f"mlflow:{own_server.url}?experiment=crash"
     env = {**os.environ, **CLIENT_ENV, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    script = CRASHING.format(tests=str(REPO / "tests"), spec=spec)
+    script = CRASHING.format(paths=[str(HERE), str(REPO / "tests" / "support")], spec=spec)
     process = subprocess.Popen(
         [sys.executable, "-c", script], cwd=tmp_path, env=env, text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -280,8 +283,8 @@ def test_killed_process_then_lox_sync_delivers_everything_once(own_server, tmp_p
 
 DOWN_FOR_GOOD = """
 import sys, time, warnings, jax, lox
-sys.path.insert(0, {tests!r})
-from test_mlflow_backend import train
+sys.path[:0] = {paths!r}  # this test module, and the helpers it imports
+from test_mlflow import train
 logger = lox.loggers.from_config({spec!r})
 state = logger.init(name="down")
 with warnings.catch_warnings(record=True) as caught:
@@ -303,7 +306,7 @@ def test_a_tracker_down_for_good_is_said_within_seconds_and_waited_for_once(tmp_
     spec = f"mlflow:http://127.0.0.1:{free_port()}?experiment=down"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
     env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", MLFLOW_DISABLE_TELEMETRY="true")
-    script = DOWN_FOR_GOOD.format(tests=str(REPO / "tests"), spec=spec)
+    script = DOWN_FOR_GOOD.format(paths=[str(HERE), str(REPO / "tests" / "support")], spec=spec)
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     lines = result.stdout.splitlines()
@@ -478,7 +481,7 @@ def test_a_password_in_the_uri_never_shows(tmp_path, monkeypatch, recwarn):
     assert not any("s3cretPW" in m for m in messages), messages
     logger._stop()  # nothing to wait for at exit: the server never existed
     for backend in logger.backends:
-        backend._sender.put(("shutdown", None, None))
+        backend.sender.put(Shutdown())
 
     result = subprocess.run(
         [sys.executable, "-m", "lox_backends.tools.cli", "sync", "lox-runs", "--to", spec[: spec.index("?")]],

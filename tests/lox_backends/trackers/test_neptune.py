@@ -20,8 +20,8 @@ from neptune_records import offline_runs
 import lox
 from lox_backends.runstore import reader
 from lox_backends.tools import cli
-from lox_backends.trackers import template
 from lox_backends.trackers.neptune import NeptuneBackend, custom_run_id
+from lox_backends.trackers.sync import sync
 from lox_core.logdict import concat
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -206,7 +206,7 @@ def test_a_killed_run_is_completed_by_lox_sync_once(neptune_env, capsys):
     assert len(batch_files(folder)) == 5  # every flush is on disk
     assert len([r for r in sent_records(folder) if "file" in r]) == 2  # two reached Neptune
 
-    done = template.sync(str(neptune_env / "lox-runs"), SPEC)
+    done = sync(str(neptune_env / "lox-runs"), SPEC)
     assert [(pathlib.Path(f), files, rows) for f, files, rows in done] == [(folder, 3, 3 * 32)]
     assert cli.main(["sync", str(neptune_env / "lox-runs"), "--to", SPEC]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"sent 0 batch file(s), 0 row(s) to {SPEC}"

@@ -53,7 +53,7 @@ def test_no_lock_file_stays_after_finish(tmp_path):
 
 CONTENDER = """
 import os, sys, time
-from lox_backends.trackers.template import SentRecord
+from lox_backends.runstore.sent import SentRecord
 folder, log, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # one write per line: whole lines
 while not os.path.exists(os.path.join(folder, "go")):
@@ -94,7 +94,7 @@ def test_processes_contending_for_a_run_never_hold_its_lock_at_once(tmp_path):
 
 HOLDER = """
 import sys, time
-from lox_backends.trackers.template import SentRecord
+from lox_backends.runstore.sent import SentRecord
 record = SentRecord(sys.argv[1], "tensorboard", sys.argv[2])  # as a live process sending the run holds it
 assert record.lock()
 print("holding", flush=True)
@@ -131,10 +131,11 @@ def test_lox_sync_leaves_a_run_another_process_sends_and_removes_a_killed_sender
 SENDER = """
 import os, sys, time
 from lox_backends.plugin import hooks
-from lox_backends.trackers import template
+from lox_backends.trackers.sync import SyncError, sync
+from lox_backends.trackers.template import TrackerBackend
 from lox_backends.plugin.registry import registry
 
-class Logged(template.TrackerBackend):
+class Logged(TrackerBackend):
     '''Appends "run batch-file" to the target file for each batch it is sent.'''
     tracker = "sendlog"
     def destination(self):
@@ -155,8 +156,8 @@ registry.register(Plugin(), name="lox-tests:sendlog")
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.001)
 try:
-    template.sync(sys.argv[1], "sendlog:" + sys.argv[2])
-except template.SyncError as error:
+    sync(sys.argv[1], "sendlog:" + sys.argv[2])
+except SyncError as error:
     assert all("another process is sending run" in str(e) for _, e in error.failed), error
 print("done", flush=True)
 """

@@ -1,4 +1,5 @@
-"""`lox sync --timeout` (`template.sync(..., timeout=)`): an MLflow server that
+"""`lox sync --timeout` (`sync(..., timeout=)` of `lox_backends/trackers/sync.py`, whose sending
+of what is missing the trackers' own tests check): an MLflow server that
 is down is reported at once, not after the client's minutes of retries; one
 that never answers, or any tracker call that hangs, stops the sync after the
 timeout, naming the tracker and what to do, with nothing recorded as sent."""
@@ -21,7 +22,8 @@ import lox
 from lox_backends.plugin import hooks
 from lox_backends.plugin.registry import registry
 from lox_backends.tools import cli
-from lox_backends.trackers import template
+from lox_backends.trackers.sync import SyncError, SyncTimeout, sync
+from lox_backends.trackers.template import TrackerBackend
 
 LOX = os.path.join(os.path.dirname(sys.executable), "lox")  # the installed console script
 
@@ -99,10 +101,10 @@ def test_an_mlflow_server_that_never_answers_is_given_up_on_after_the_timeout(tm
         monkeypatch.delenv(name)
     # MLflow's client gives up itself after 3 s, told to by lox sync, with its own error.
     began = time.monotonic()
-    with pytest.raises(template.SyncError, match=rf"^1 run\(s\) could not be synced to {re.escape(spec)}:\n  "
+    with pytest.raises(SyncError, match=rf"^1 run\(s\) could not be synced to {re.escape(spec)}:\n  "
                        rf"{re.escape(folder)}: MlflowException: API request to {silent_server}/\S+ failed with "
                        r"exception .*Read timed out\. \(read timeout=3\)"):
-        template.sync(str(tmp_path / "runs"), spec, timeout=3)
+        sync(str(tmp_path / "runs"), spec, timeout=3)
     assert time.monotonic() - began < 10  # 3 s of waiting, and importing MLflow
     assert not any(name.startswith("MLFLOW_HTTP_REQUEST") for name in os.environ)  # put back as it was
     nothing_recorded(tmp_path / "runs")
@@ -110,8 +112,8 @@ def test_an_mlflow_server_that_never_answers_is_given_up_on_after_the_timeout(tm
     # Where the user made the client wait longer, lox sync stops waiting for it after 3 s all the same.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "600")
     began = time.monotonic()
-    with pytest.raises(template.SyncTimeout) as raised:
-        template.sync(str(tmp_path / "runs"), spec, timeout=3)
+    with pytest.raises(SyncTimeout) as raised:
+        sync(str(tmp_path / "runs"), spec, timeout=3)
     assert 3 <= time.monotonic() - began < 9
     assert str(raised.value) == (
         f"lox sync gave up on opening run 'r', which took longer than 3 s: {spec} did not answer in time, and "
@@ -155,7 +157,7 @@ def test_a_bucket_that_does_not_answer_stops_the_sync_at_the_timeout(tmp_path, m
         with pytest.raises(TimeoutError, match=r"^lox: .* 's3://runs/lox' did not finish within 2 s; lox stopped "
                            r"waiting for it\. Check that the store answers \(.*AWS_ENDPOINT_URL.*\), or give a longer "
                            r"timeout \(the Logger's timeout=, `lox sync --timeout`\)\.$"):
-            template.sync("s3://runs/lox", f"tensorboard:{tmp_path}/tb", timeout=2)
+            sync("s3://runs/lox", f"tensorboard:{tmp_path}/tb", timeout=2)
         assert 2 <= time.monotonic() - began < 5
     finally:
         server.stop()  # resumes it first
@@ -163,7 +165,7 @@ def test_a_bucket_that_does_not_answer_stops_the_sync_at_the_timeout(tmp_path, m
 
 
 # --- a tracker whose client cannot be told to give up ---------------------------------------
-class Stalling(template.TrackerBackend):
+class Stalling(TrackerBackend):
     """Writes what it is sent to `sent`; a batch of run 'stuck' waits until `release` is set."""
 
     tracker = "stall"
@@ -194,10 +196,10 @@ def test_a_call_that_returns_after_the_timeout_records_nothing(tmp_path):
     registry.register(StallPlugin(), name="lox-tests:stall")
     first, stuck = save_runs(tmp_path / "runs", names=("first", "stuck"))
     began = time.monotonic()
-    with pytest.raises(template.SyncTimeout, match=r"^lox sync gave up on sending batch-000000-[0-9a-f]{8}\.parquet "
+    with pytest.raises(SyncTimeout, match=r"^lox sync gave up on sending batch-000000-[0-9a-f]{8}\.parquet "
                        r"of run 'stuck', which took longer than 1 s: stall did not answer in time, and nothing more "
                        "was recorded as sent"):
-        template.sync(str(tmp_path / "runs"), "stall", timeout=1)
+        sync(str(tmp_path / "runs"), "stall", timeout=1)
     assert 1 <= time.monotonic() - began < 6
     record = pathlib.Path(stuck).glob("_sent-stall-*.jsonl")
     before = [path.read_text() for path in record]
@@ -209,7 +211,7 @@ def test_a_call_that_returns_after_the_timeout_records_nothing(tmp_path):
     assert [name for name, _ in Stalling.sent] == ["first", "first", "stuck"]
 
     # The next sync sends what is missing, and only that.
-    done = template.sync(str(tmp_path / "runs"), "stall", timeout=1)
+    done = sync(str(tmp_path / "runs"), "stall", timeout=1)
     assert done == [(first, 0, 0), (stuck, 2, 8)]
     assert [name for name, _ in Stalling.sent] == ["first", "first", "stuck", "stuck", "stuck"]
 
@@ -219,7 +221,7 @@ def test_the_timeout_must_be_a_positive_number_of_seconds(tmp_path, capsys):
     for bad in (0, -3, float("nan"), float("inf"), "5"):
         with pytest.raises(ValueError, match=r"^lox sync's timeout is a positive number of seconds \(or None: no "
                                              rf"bound\), got {re.escape(repr(bad))}; e\.g\. --timeout 60\.$"):
-            template.sync(str(tmp_path / "runs"), f"tensorboard:{tmp_path}/tb", timeout=bad)
+            sync(str(tmp_path / "runs"), f"tensorboard:{tmp_path}/tb", timeout=bad)
     with pytest.raises(SystemExit) as exited:
         cli.main(["sync", str(tmp_path / "runs"), "--to", f"tensorboard:{tmp_path}/tb", "--timeout", "-3"])
     assert exited.value.code == 2

@@ -29,10 +29,11 @@ from tensorboardX import SummaryWriter
 
 import lox
 from lox_backends.tools import cli
-from lox_backends.trackers.template import sync
+from lox_backends.trackers.sync import sync
 from lox_core.logdict import NO_STEP
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
+HERE = pathlib.Path(__file__).resolve().parent
 STEPS_PER_EPOCH = 4
 EVERYTHING = {ea.SCALARS: 0, ea.HISTOGRAMS: 0, ea.TENSORS: 0}  # keep every event (no sampling)
 
@@ -408,8 +409,8 @@ def test_sync_after_the_record_of_what_was_written_is_lost_writes_each_event_onc
 
 CRASHING = """
 import os, signal, sys, jax, jax.numpy as jnp, lox
-sys.path.insert(0, {tests!r})
-from test_tensorboard_backend import train
+sys.path[:0] = {paths!r}  # this test module, and the helpers it imports
+from test_tensorboard import train
 logger = lox.loggers.from_config({spec!r})
 state = logger.init(name="crashed", lr=0.1)
 step = jax.jit(logger.spool(train, state))
@@ -429,7 +430,7 @@ def test_a_killed_process_then_lox_sync_leaves_every_event_once(tmp_path):
     as failed (its process was killed); the killed sender's lock file goes."""
     target = spec(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    script = CRASHING.format(tests=str(REPO / "tests"), spec=target)
+    script = CRASHING.format(paths=[str(HERE), str(REPO / "tests" / "support")], spec=target)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL and done.stdout == "flushed\n", done.stderr
     (record,) = (tmp_path / "lox-runs").glob("*/_sent-tensorboard-*.jsonl")

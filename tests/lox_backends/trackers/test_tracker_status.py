@@ -26,7 +26,7 @@ from wandb_records import records
 
 import lox
 from lox_backends.tools import cli
-from lox_backends.trackers import template
+from lox_backends.trackers.sync import sync
 from lox_backends.trackers.wandb import wandb_id
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -165,13 +165,13 @@ def test_a_run_still_being_written_is_left_running_until_its_process_is_gone(mlf
     spec = f"mlflow:{mlflow_server.url}?experiment=live-{uuid.uuid4().hex[:8]}"
     try:
         assert process.stdout.readline() == "flushed\n", process.stderr.read()
-        assert template.sync(str(tmp_path / "runs"), spec)[0][1:] == (1, 3)
+        assert sync(str(tmp_path / "runs"), spec)[0][1:] == (1, 3)
         client, found = mlflow_runs(mlflow_server.url, spec.rpartition("=")[2])
         assert found["running"].info.status == "RUNNING" and history(client, found["running"]) == LOSS
     finally:
         process.send_signal(signal.SIGKILL)
         process.communicate()
-    assert template.sync(str(tmp_path / "runs"), spec)[0][1:] == (0, 0)  # nothing more to send; ended
+    assert sync(str(tmp_path / "runs"), spec)[0][1:] == (0, 0)  # nothing more to send; ended
     client, found = mlflow_runs(mlflow_server.url, spec.rpartition("=")[2])
     assert found["running"].info.status == "KILLED" and history(client, found["running"]) == LOSS
 

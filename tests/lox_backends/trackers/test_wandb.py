@@ -18,7 +18,7 @@ import wandb
 from wandb_records import BLOCK, offline_runs, records
 
 import lox
-from lox_backends.trackers import template
+from lox_backends.trackers.sync import sync
 from lox_backends.trackers.wandb import (
     HISTOGRAM_BINS,
     WandbBackend,
@@ -251,7 +251,7 @@ def test_a_killed_run_is_sent_by_lox_sync_exactly_once(wandb_env, tmp_path):
 
     folder = str(tmp_path / "lox-runs" / run_id)
     to = spec(tmp_path)
-    assert template.sync(str(tmp_path / "lox-runs"), to) == [(folder, 3, 12)]
+    assert sync(str(tmp_path / "lox-runs"), to) == [(folder, 3, 12)]
     killed_again, synced = offline_runs(wandb_env["WANDB_DIR"], run_id)
     assert killed_again.path == killed.path and synced.complete
     assert synced.run.resume  # W&B's sync appends it to the run the killed process started
@@ -259,7 +259,7 @@ def test_a_killed_run_is_sent_by_lox_sync_exactly_once(wandb_env, tmp_path):
     assert synced.config == {"lr": 0.5, "_wandb": synced.config["_wandb"]}
     assert sent_record(tmp_path, run_id)[-1] == {"closed": True}
 
-    assert template.sync(folder, to) == [(folder, 0, 0)]  # nothing left to send
+    assert sync(folder, to) == [(folder, 0, 0)]  # nothing left to send
     assert len(offline_runs(wandb_env["WANDB_DIR"], run_id)) == 2  # and no W&B run started for it
 
 

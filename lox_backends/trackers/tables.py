@@ -1,0 +1,121 @@
+"""Batch tables as trackers read them: `Batch` (one batch file of a run, to send), and
+`scalars` / `arrays`, which split its table into the events a tracker keeps as numbers
+(`Scalars`, as columns) and the rest (arrays, complex scalars) that it keeps as files.
+
+A tracker's `send` gets a `Batch`; its ``table`` holds rows of lox's Arrow schema
+(`lox_core.arrow`), ordered by step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lox_core import schema
+from lox_core.arrow import dictionary_codes
+from lox_core.logdict import NO_STEP
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One batch file of a run's local log, to send.
+
+    `name` is the file's name (unique within the run: name what the batch
+    becomes at the tracker after it, e.g. an artifact, so that sending it
+    again replaces it); `time_ms` is when it was written (Unix milliseconds:
+    give its values this timestamp, so that sending it again repeats them
+    exactly); `table` holds the rows (lox's Arrow schema).
+    """
+
+    name: str
+    time_ms: int
+    table: pa.Table
+
+
+@dataclasses.dataclass
+class Scalars:
+    """The scalar events of a batch table, as columns (one entry per event).
+
+    `steps` maps each step name to int64 steps, `lox.NO_STEP` where an event
+    has no step of that name; `primary` is the step name trackers use as their
+    step (``step`` if present, else the first), None without steps.
+    """
+
+    keys: np.ndarray  # of str (object)
+    values: np.ndarray
+    steps: dict[str, np.ndarray]
+    primary: str | None
+    codes: np.ndarray | None = None  # keys as positions in `names` (from the table's dictionary)
+    names: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def tracker_steps(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each event's step for a tracker with one step per value: its
+        `primary` step, else its first other step name's (`lox.NO_STEP`
+        without any); and, per step name, which events also carry that name
+        besides the one chosen (to log as a series of its own, e.g. ``epoch``)."""
+        names = sorted(self.steps, key=lambda name: name != self.primary)
+        chosen = np.full(len(self), NO_STEP, np.int64)
+        source = np.full(len(self), -1)
+        for j, name in enumerate(names):
+            take = (chosen == NO_STEP) & (self.steps[name] != NO_STEP)
+            chosen[take], source[take] = self.steps[name][take], j
+        besides = {name: (self.steps[name] != NO_STEP) & (source != j) for j, name in enumerate(names)}
+        return chosen, besides
+
+    def by_key(self) -> dict[str, np.ndarray]:
+        """Each key's event positions (in order), keys in order of first appearance."""
+        if self.codes is None:  # not from a dictionary column: number the keys here
+            numbers: dict[str, int] = {}
+            codes = np.fromiter((numbers.setdefault(k, len(numbers)) for k in self.keys), np.int64, len(self.keys))
+            names = list(numbers)
+        else:
+            if self.names is None:
+                raise TypeError("Scalars.codes are positions in Scalars.names, which is None.")
+            codes, names = self.codes, self.names
+        order = np.argsort(codes, kind="stable")
+        bounds = np.cumsum(np.bincount(codes, minlength=len(names)))[:-1]
+        groups = dict(zip(names, np.split(order, bounds), strict=True))
+        firsts = {name: group[0] for name, group in groups.items() if len(group)}
+        return {name: groups[name] for name in sorted(firsts, key=lambda name: firsts[name])}
+
+
+def scalars(table: pa.Table) -> Scalars:
+    """The events of `table` whose value is a real number (every scalar but complex)."""
+    # pyarrow.compute defines its functions at import time, unseen by type checkers.
+    scalar = pc.equal(pc.list_value_length(table.column("shape")), 0)  # pyright: ignore[reportAttributeAccessIssue]
+    rows = table.filter(scalar)
+    values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+    missing = np.flatnonzero(np.isnan(values) & ~rows.column("value").is_valid().to_numpy(zero_copy_only=False))
+    keep = np.ones(len(values), bool)
+    if missing.size:  # int64 / uint64 scalars are kept as bytes; complex ones are left out
+        dtypes = rows.column("dtype").to_pylist()
+        data = rows.column("data").to_pylist()
+        for i in missing:
+            dtype = np.dtype(dtypes[i])
+            if dtype.kind in "iu":
+                values[i] = float(np.frombuffer(data[i], dtype)[0])
+            else:
+                keep[i] = False
+    names = schema.step_names(table)
+    steps = {n: rows.column(n).fill_null(NO_STEP).to_numpy(zero_copy_only=False).astype(np.int64)[keep] for n in names}
+    codes, key_names = dictionary_codes(rows.column("key"))
+    codes = codes[keep]
+    keys = np.asarray(key_names, object)[codes] if key_names else np.empty(0, object)
+    return Scalars(keys, values[keep], steps, schema.primary_step(names), codes, key_names)
+
+
+def arrays(table: pa.Table) -> pa.Table:
+    """The rows of `table` that `scalars` leaves out: array-valued events, and
+    complex scalars (read them with `lox.logdict.from_arrow`); trackers keep
+    them as files, histograms..."""
+    dtype = table.column("dtype").cast(pa.string())
+    # pyarrow.compute defines its functions at import time, unseen by type checkers.
+    lengths = pc.list_value_length(table.column("shape"))  # pyright: ignore[reportAttributeAccessIssue]
+    complex_scalar = pc.starts_with(dtype, "complex")  # pyright: ignore[reportAttributeAccessIssue]
+    return table.filter(pc.or_(pc.greater(lengths, 0), complex_scalar))  # pyright: ignore[reportAttributeAccessIssue]

@@ -1,0 +1,70 @@
+"""`lox_backends/trackers/tables.py`: a batch table split as trackers take it, the
+scalar events as numbers (`scalars`) and the rest as rows (`arrays`), against
+values written out by hand."""
+
+import numpy as np
+import pytest
+
+import lox
+from lox_backends.trackers.tables import Scalars, arrays, scalars
+from lox_core import schema
+from lox_core.logdict import NO_STEP
+
+
+def batch_table():
+    """Two steps of a float, a large int64, a complex scalar and a 2-vector; `loss`
+    also carries `epoch`, and `acc` has `epoch` only."""
+    logs = lox.logdict(
+        {
+            "loss": np.array([0.5, 0.25], np.float32),
+            "big": np.array([2**62 + 1, 3], np.int64),  # beyond float64's integers: kept as bytes
+            "z": np.array([1j, 2], np.complex64),
+            "w": np.arange(4.0).reshape(2, 2),
+            "acc": np.array([0.75]),
+        },
+        steps={
+            "step": {k: np.array([0, 1]) for k in ("loss", "big", "z", "w")},
+            "epoch": {"loss": np.array([0, 0]), "acc": np.array([3])},
+        },
+    )
+    return schema.order_by_step(logs.to_arrow(run="r"))
+
+
+def test_scalars_are_every_real_scalar_event_in_order():
+    events = scalars(batch_table())
+    # Rows in step order, `acc` (no `step`) last; the complex scalar and the vector are left out.
+    assert list(events.keys) == ["loss", "big", "loss", "big", "acc"]
+    np.testing.assert_array_equal(events.values, [0.5, float(2**62 + 1), 0.25, 3.0, 0.75])
+    np.testing.assert_array_equal(events.steps["step"], [0, 0, 1, 1, NO_STEP])
+    np.testing.assert_array_equal(events.steps["epoch"], [0, NO_STEP, 0, NO_STEP, 3])
+    assert events.primary == "step"
+    assert len(events) == 5
+
+
+def test_tracker_steps_take_the_primary_step_else_another():
+    chosen, besides = scalars(batch_table()).tracker_steps()
+    np.testing.assert_array_equal(chosen, [0, 0, 1, 1, 3])  # `acc` at its epoch
+    np.testing.assert_array_equal(besides["epoch"], [True, False, True, False, False])  # not where chosen
+    np.testing.assert_array_equal(besides["step"], [False] * 5)
+
+
+def test_by_key_gives_each_keys_events_in_order_of_first_appearance():
+    found = scalars(batch_table()).by_key()
+    assert list(found) == ["loss", "big", "acc"]
+    assert [list(positions) for positions in found.values()] == [[0, 2], [1, 3], [4]]
+    # Without a dictionary column, the keys are numbered where they are read.
+    plain = Scalars(np.array(["b", "a", "b"], object), np.zeros(3), {}, None)
+    assert {k: list(v) for k, v in plain.by_key().items()} == {"b": [0, 2], "a": [1]}
+
+
+def test_codes_without_names_are_refused():
+    events = Scalars(np.array(["a"], object), np.zeros(1), {}, None, codes=np.zeros(1, np.int64))
+    with pytest.raises(TypeError, match=r"Scalars.codes are positions in Scalars.names, which is None"):
+        events.by_key()
+
+
+def test_arrays_are_the_rows_scalars_leaves_out():
+    rows = arrays(batch_table())
+    assert rows.column("key").to_pylist() == ["z", "w", "z", "w"]
+    assert rows.column("step").to_pylist() == [0, 0, 1, 1]
+    assert [list(shape) for shape in rows.column("shape").to_pylist()] == [[], [2], [], [2]]
