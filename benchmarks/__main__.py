@@ -334,7 +334,7 @@ def arrow():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lox_backends import parquet
+    from lox_backends.runstore import writer
 
     n, keys = 250_000, ["loss", "accuracy", "lr", "grad_norm"]
     rng = np.random.default_rng(0)
@@ -352,7 +352,7 @@ def arrow():
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "logs.parquet")
-        t = side_by_side({"hand": lambda: by_hand(path), "lox": lambda: parquet.write_table(logs.to_arrow(), path),
+        t = side_by_side({"hand": lambda: by_hand(path), "lox": lambda: writer.write_table(logs.to_arrow(), path),
                           "to_arrow": lambda: logs.to_arrow()}, reps=3)
     table = logs.to_arrow()
     back = side_by_side({"from_arrow": lambda: lox.logdict.from_arrow(table)}, reps=3)["from_arrow"]

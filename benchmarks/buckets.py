@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 
 import lox
 from benchmarks.timing import row, side_by_side
-from lox_backends.parquet import ParquetBackend, write_table
+from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
+from lox_backends.runstore.writer import write_table
 
 KEYS = ["loss", "accuracy", "lr", "grad_norm"]
 

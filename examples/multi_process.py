@@ -72,7 +72,7 @@ if __name__ == "__main__":
         assert all(job.wait(timeout=300) == 0 for job in jobs), "a process of the job failed"
 
         import lox
-        from lox_backends.parquet import runs
+        from lox_backends.runstore.reader import runs
 
         print(f"{len(os.listdir(folder))} entries in {folder}: a run per seed, and their batch files")
         for info, logs in zip(runs(folder), lox.load(folder).values(), strict=True):

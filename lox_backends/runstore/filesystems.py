@@ -15,8 +15,10 @@ Writes are atomic everywhere: a local file is written under a hidden name and
 renamed into place; an object store (S3, GCS, Azure) makes an upload visible
 only once it completes, so a whole file is uploaded in one request (or one
 multipart upload) under its final name; other filesystems get a hidden name
-and a move. Object stores have no fsync: a completed upload is already stored
-durably, so `fsync` does nothing there.
+(`lox_backends.runstore.layout.upload_temp_name`) and a move. Object stores
+have no fsync: a completed upload is already stored durably, so `fsync` does
+nothing there. Where runs will be written is checked before: a bucket by
+`resolve` (``check=True``), a local folder by `check_writable`.
 
 Every remote operation is bounded in time: `time_limit` sets the limit for the
 calls a thread makes (`DEFAULT_TIME_LIMIT`, 60 s, otherwise), an operation still
@@ -32,12 +34,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import numbers
 import os
 import posixpath
 import queue
 import re
 import secrets
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -49,6 +53,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from lox_backends.logger.shutdown import flush_before_exit_handlers
+from lox_backends.runstore import layout
 
 # scheme://, the scheme at least two characters long: "C://x" is a Windows path.
 _URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
@@ -213,7 +218,8 @@ def put(path: str, data: bytes | pa.Buffer) -> None:
         store.call(path, lambda: store.upload(store.path(path), data), "writing", wait)
         return
     final = store.path(path)
-    temp = posixpath.join(posixpath.dirname(final), f".{posixpath.basename(final)}.{secrets.token_hex(4)}.tmp")
+    temp = posixpath.join(posixpath.dirname(final),
+                          layout.upload_temp_name(posixpath.basename(final), secrets.token_hex(4)))
 
     def write_and_move() -> None:
         store.upload(temp, data)
@@ -236,6 +242,47 @@ def fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_writable(folder: str, what: str) -> None:
+    """Check that the local `folder` can be made and written, by making and
+    removing a uniquely named hidden folder in the nearest part of its path that
+    exists; `ValueError` naming `what` (e.g. "the parquet backend's folder"),
+    the folder and why where that fails: refused when a backend is created,
+    rather than losing every batch later. The folder itself is neither made nor
+    removed (the backend makes it when it writes): a backend refused later in
+    its creation leaves nothing behind, and processes or threads checking the
+    same folder at once never remove one another's folders."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        os.rmdir(tempfile.mkdtemp(prefix=".lox-write-check-", dir=path))
+    except OSError as e:
+        raise ValueError(
+            f"{what} {folder!r} cannot be written: {_why_unwritable(folder, e)}. "
+            "Give a folder this process can write to."
+        ) from e
+
+
+def _why_unwritable(folder: str, error: OSError) -> str:
+    path = folder
+    while True:  # the nearest part of the path that exists
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                return f"a file is in the way: {path!r}"
+            break
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    if error.errno == errno.EROFS:
+        return "read-only file system"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return (os.strerror(error.errno) if error.errno else str(error)).lower()
 
 
 # --- time limits --------------------------------------------------------------------------

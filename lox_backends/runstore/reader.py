@@ -1,55 +1,19 @@
-"""Runs on disk, as the ``parquet`` backend and the trackers' local logs write them: the layout and reading it back.
-
-::
-
-    DIR/
-      <run_id>/                        one folder per run
-        _run.json                      run_id, name, group, index, metadata, created (ISO-8601,
-                                       UTC), lox_version, status, batches (where its rows are);
-                                       host, pid and heartbeat (its writer); rows and ended once
-                                       the run ends
-      <group>.batches/                 the rows of the runs one Logger opened (e.g. vmapped seeds)
-        batch-000000-3f9c01ab.parquet  one file per flush, never modified again
-        batch-000001-b72e5d10.parquet
-        ...
-        _alive-<token>.json            the writer's heartbeat: {"time", "host", "pid"}
-
-``status`` is ``"running"``, then ``"finished"`` (everything logged was
-written) or ``"failed"`` (logs lost, or an error); `runs` reports a run still
-``"running"`` whose writer is gone as ``"killed"`` (`run_status`). ``rows`` is
-how many rows the run has in its batch files, recorded when it ends: `load`
-refuses a run with fewer (its files were deleted), naming it. ``heartbeat`` is
-``{"file": "<group>.batches/_alive-<token>.json", "every": seconds}``, the
-file (relative to ``DIR``) its writer rewrites every ``every`` seconds while
-it lives.
-
-Each batch file holds a table in lox's Arrow schema (``lox_core.arrow``) with
-the rows of every run of the group that logged since the previous flush, each
-run's rows together. Its schema metadata also holds ``lox.runs`` (run id →
-[first row, rows]) and ``lox.time_ms``, when it was written (Unix
-milliseconds), the timestamp trackers give its values, and ``lox.scalars``
-is ``"1"`` when every row holds a scalar in ``value`` (`load` then skips the
-``shape`` and ``data`` columns); ``lox.trees`` (``lox_core.arrow``) holds
-the pytree structure of the keys of every table written into it, so that a
-key logged as a pytree loads as one (a key that its tables give different
-structures is listed as ``"flat"``, and loads flat). Files are ordered by
-their sequence number; the eight random hex digits keep two writers apart
-that would otherwise pick the same name. So the number of files grows with
-the number of flushes, not with the number of runs.
-
-``DIR`` is a local folder or a folder in a bucket (``s3://bucket/runs``,
-``gs://...``): `lox_backends.runstore.filesystems` reads and writes both.
-
-Runs written by lox before version 0.2 hold their batch files in their own
-folder (``DIR/<run_id>/batch-*.parquet``, one run per file); `load` reads
-both layouts.
+"""Reading runs back: the folders of runs that `lox_backends.runstore.writer` writes
+(the ``parquet`` backend, trackers' local logs), as `lox_backends.runstore.layout`
+specifies them, local or in a bucket (`lox_backends.runstore.filesystems`).
 
 `load` reads a run, or every run of a folder, back into logdicts (this is
-`lox.load`); `runs` lists them; `run_files` finds a run's batch files for
-`lox sync`. Any Parquet reader reads the batch files directly. Their step
-columns differ where runs log with different step names, so read them with
-each reader's way of unifying files' columns (names starting with ``_`` or
-``.``, and ``*.tmp`` files, are not batch files)::
+`lox.load`); `runs` lists them, with their status as `run_status` resolves it
+(a run still ``"running"`` whose writer is gone is ``"killed"``); `locate`
+finds the run folders at a path, `run_files` a run's batch files (for ``lox
+sync``), `batch_files` the batch files of a folder, `runs_in` which runs' rows
+a shared batch file holds. Runs written by lox before version 0.2 hold their
+batch files in their own folder (one run per file); `load` reads both layouts.
+
+Any Parquet reader reads the batch files directly. Their step columns differ
+where runs log with different step names, so read them with each reader's way
+of unifying files' columns (names starting with ``_`` or ``.``, and ``*.tmp``
+files, are not batch files)::
 
     duckdb.sql("SELECT * FROM read_parquet('DIR/*/batch-*.parquet', union_by_name = true)")
     files = sorted(glob.glob("DIR/*/batch-*.parquet"))
@@ -73,7 +37,6 @@ import functools
 import gc
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -85,27 +48,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lox_backends.runstore import filesystems
-from lox_backends.runstore.filesystems import fsync as fsync
+from lox_backends.runstore import filesystems, layout
 from lox_core.arrow import StepRows, concat_read, flat_keys, from_arrow, from_arrow_runs
 from lox_core.logdict import logdict
-
-DEFAULT_DIR = "lox-runs"
-RUN_FILE = "_run.json"
-TIME_METADATA = b"lox.time_ms"  # when a batch file was written (Unix ms): the time trackers give its values
-RUNS_METADATA = b"lox.runs"  # run id -> [first row, rows] of a batch file's runs
-SCALARS_METADATA = b"lox.scalars"  # "1": every row a scalar with a value (shape and data empty, not read)
-BATCHES_SUFFIX = ".batches"  # DIR/<group>.batches: the batch files of a Logger's runs
-BATCH_FILE = re.compile(r"batch-(\d+)-([0-9a-f]{8})\.parquet")
-
-
-def batch_file_name(sequence: int, tag: str) -> str:
-    return f"batch-{sequence:06d}-{tag}.parquet"
-
-
-def batches_folder_name(group: str) -> str:
-    """The folder, beside the run folders, that holds the batch files of a group of runs."""
-    return group + BATCHES_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +68,7 @@ class BatchFile:
         table = _read_table(self.path)
         if self.rows is None:
             return table
-        return _without_metadata(table.slice(*self.rows), (RUNS_METADATA,))  # the other runs' rows
+        return _without_metadata(table.slice(*self.rows), (layout.RUNS_METADATA,))  # the other runs' rows
 
 
 def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
@@ -159,7 +104,7 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
         single, folders = locate(path)
         if single:
             return _load_run(*folders[0], groups=None)
-        with _Groups(remote=filesystems.is_uri(folders[0][0])) as groups:
+        with _ConvertedGroups(remote=filesystems.is_uri(folders[0][0])) as groups:
             return {filesystems.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
 
 
@@ -200,10 +145,6 @@ def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [info for _, info in found]
 
 
-KILLED_AFTER = 3  # heartbeat intervals without a heartbeat after which a running run counts as killed
-DEFAULT_HEARTBEAT_EVERY = 5.0  # seconds between heartbeats, where _run.json does not say
-
-
 def run_status(folder: str, info: dict[str, Any]) -> str:
     """The status of the run in `folder` whose ``_run.json`` is `info`:
     ``"finished"`` and ``"failed"`` (or any other stored status but
@@ -213,7 +154,7 @@ def run_status(folder: str, info: dict[str, Any]) -> str:
     The writer is gone when it ran on this host (``host``) and its process
     (``pid``) no longer exists, or when its heartbeat file (``heartbeat``:
     ``{"file": path relative to the folder of run folders, "every": seconds}``)
-    holds a ``time`` older than `KILLED_AFTER` heartbeat intervals; a missing
+    holds a ``time`` older than `layout.KILLED_AFTER` heartbeat intervals; a missing
     heartbeat file counts once the run was created that long ago. A running run
     of a lox that wrote none of ``host``, ``pid`` and ``heartbeat`` stays
     ``"running"``. The heartbeat's time is the writer's clock: hosts whose
@@ -256,14 +197,14 @@ class _Writers:
             path = _heartbeat_path(folder, heartbeat.get("file"))
             every = heartbeat.get("every")
             if not isinstance(every, (int, float)) or isinstance(every, bool) or not every > 0:
-                every = DEFAULT_HEARTBEAT_EVERY
+                every = layout.DEFAULT_HEARTBEAT_EVERY
             if path is not None:
                 if path not in self._beats:
                     self._beats[path] = _heartbeat_time(path)
                 last = self._beats[path]
                 if last is None:  # no heartbeat yet, or never: as recent as the run's creation
                     last = _created(info).timestamp()
-                if time.time() - last > KILLED_AFTER * every:
+                if time.time() - last > layout.KILLED_AFTER * every:
                     return "killed"
         return "running"
 
@@ -323,7 +264,7 @@ def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
         path = filesystems.resolve(path)  # file:// a local path; a scheme no filesystem serves named here
     remote = filesystems.is_uri(path)
     expected = (
-        "expected a run folder (holding _run.json) or a folder of run folders "
+        f"expected a run folder (holding {layout.RUN_FILE}) or a folder of run folders "
         "(the DIR of a 'parquet:DIR' backend)"
     )
     # In a bucket, one listing tells what a stat, a read of _run.json and a scandir tell on a disk.
@@ -334,7 +275,7 @@ def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
         raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {expected}.")
     if found_kind != "dir":
         raise ValueError(f"{path!r} is a file; {expected}.")
-    if not remote or any(name == RUN_FILE for name, _, _ in entries):
+    if not remote or any(name == layout.RUN_FILE for name, _, _ in entries):
         info = read_run_json(path, missing_ok=True)
         if info is not None:
             return True, [(path, info)]
@@ -357,7 +298,7 @@ def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
 _REMOTE_THREADS = 32  # requests in flight at once to a bucket: each waits on the network, not the CPU
 
 
-def _load_run(folder: str, info: dict[str, Any], groups: _Groups | None) -> logdict:
+def _load_run(folder: str, info: dict[str, Any], groups: _ConvertedGroups | None) -> logdict:
     """One run: its files one at a time (each file's schema metadata, step dtypes and
     empty series, describes that file only); with `groups`, its group's shared files
     as converted once for all the runs being loaded."""
@@ -405,7 +346,7 @@ def _batches_folder(folder: str, info: dict[str, Any]) -> str | None:
     return filesystems.join(filesystems.parent(folder), info["batches"]) if info.get("batches") else None
 
 
-class _Groups:
+class _ConvertedGroups:
     """The shared batch files of groups of runs, each group read and converted
     once for all its runs (`load` of a folder of runs), its files read in
     parallel."""
@@ -416,7 +357,7 @@ class _Groups:
         self._converted: dict[str, list[tuple[dict[str | None, logdict], set[str]]]] = {}
         self._rows: dict[str, collections.Counter[str]] = {}  # by folder: each run's rows in its files
 
-    def __enter__(self) -> _Groups:
+    def __enter__(self) -> _ConvertedGroups:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -482,14 +423,14 @@ class _Decoded:
 def _decode(path: str) -> _Decoded:
     try:  # read once: not worth keeping in _read_table's cache
         file = pq.ParquetFile(pa.BufferReader(filesystems.read_buffer(path)) if filesystems.is_uri(path) else path)
-        if (file.schema_arrow.metadata or {}).get(SCALARS_METADATA) == b"1":
+        if (file.schema_arrow.metadata or {}).get(layout.SCALARS_METADATA) == b"1":
             table = _scalars(file)
         else:
             table = file.read()
     except (OSError, pa.ArrowException) as e:
         raise _damaged(path, e) from e
-    runs = json.loads((table.schema.metadata or {}).get(RUNS_METADATA, b"{}"))
-    table = _without_metadata(table, _PER_FILE)
+    runs = json.loads((table.schema.metadata or {}).get(layout.RUNS_METADATA, b"{}"))
+    table = _without_metadata(table, layout.PER_FILE_METADATA)
     return _Decoded(table, runs, StepRows.of(table))
 
 
@@ -507,9 +448,6 @@ def _scalars(file: pq.ParquetFile) -> pa.Table:
     return table.add_column(whole.get_field_index("data"), data, pa.nulls(rows, data.type))
 
 
-_PER_FILE = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA)  # schema metadata that differs from file to file
-
-
 def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
     return table.replace_schema_metadata({k: v for k, v in (table.schema.metadata or {}).items() if k not in keys})
 
@@ -517,10 +455,10 @@ def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
 def batch_file(path: str, run_id: str) -> BatchFile:
     """The batch file at `path`, as it holds rows of `run_id`."""
     name = filesystems.basename(path)
-    match = BATCH_FILE.fullmatch(name)
+    match = layout.BATCH_FILE.fullmatch(name)
     if match is None:
-        raise ValueError(f"{path!r} is not a lox batch file (batch-<sequence>-<hex>.parquet).")
-    if not filesystems.parent(path).endswith(BATCHES_SUFFIX):
+        raise ValueError(f"{path!r} is not a lox batch file ({layout.BATCH_FILE_FORM}).")
+    if not filesystems.parent(path).endswith(layout.BATCHES_SUFFIX):
         return BatchFile(int(match.group(1)), name, path)
     rows = runs_in(path).get(run_id)
     if rows is None:
@@ -563,7 +501,7 @@ def runs_in(path: str) -> dict[str, list[int]]:
             metadata = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException) as e:
         raise _damaged(path, e) from e
-    return json.loads(metadata.get(RUNS_METADATA, b"{}"))
+    return json.loads(metadata.get(layout.RUNS_METADATA, b"{}"))
 
 
 # Runs of a shared file are read one after the other (a tracker sending a flush's file);
@@ -622,7 +560,7 @@ def batch_files(folder: str, missing_ok: bool = False) -> list[tuple[int, str, s
     """(sequence, name, path) of the batch files in a folder, in order; temp files are hidden."""
     files = []
     for name, _, path in filesystems.scan(folder, missing_ok):
-        match = BATCH_FILE.fullmatch(name)
+        match = layout.BATCH_FILE.fullmatch(name)
         if match:
             files.append((int(match.group(1)), name, path))
     files.sort()
@@ -630,7 +568,7 @@ def batch_files(folder: str, missing_ok: bool = False) -> list[tuple[int, str, s
 
 
 def read_run_json(folder: str, missing_ok: bool = False) -> dict[str, Any] | None:
-    path = filesystems.join(folder, RUN_FILE)
+    path = filesystems.join(folder, layout.RUN_FILE)
     try:
         data = filesystems.read_bytes(path)
     except FileNotFoundError:
@@ -642,7 +580,7 @@ def read_run_json(folder: str, missing_ok: bool = False) -> dict[str, Any] | Non
         if not isinstance(info, dict):
             raise ValueError("not a JSON object")
     except ValueError as e:
-        raise ValueError(f"{path!r} is not a lox _run.json ({e}); lox writes it as a JSON object.") from e
+        raise ValueError(f"{path!r} is not a lox {layout.RUN_FILE} ({e}); lox writes it as a JSON object.") from e
     return info
 
 

@@ -1,12 +1,12 @@
 """Sent records: what of a run reached a tracker, kept in the run's folder, and
 the lock that keeps two processes from sending one run to one destination.
 
-The file names are specified in `lox_backends.runstore.layout`.
+Their names and contents are specified in `lox_backends.runstore.layout`
+(Sent records).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -18,24 +18,23 @@ except ImportError:  # Windows: no advisory locks (see `SentRecord.lock`)
     fcntl = None
 
 from lox_backends.plugin.config import mask_secrets
-from lox_backends.runstore import filesystems
+from lox_backends.runstore import filesystems, layout
 
 
 class SentRecord:
-    """``_sent-<tracker>-<hash>.jsonl`` in a run folder: the tracker's run id,
-    then one line per batch file that reached the tracker, then ``closed``.
-    Appended and fsynced line by line; a torn last line is ignored.
+    """The record of what of the run in `folder` reached `destination` of
+    `tracker` (`layout.sent_record`): the tracker's run (`remote`), the batch
+    files it took (`files`), whether the run was ended there (`closed`). Read
+    when made; each change is written at once, appended and fsynced line by
+    line (a torn last line is ignored).
 
-    In a bucket, where objects cannot be appended to, the record is a folder
-    ``_sent-<tracker>-<hash>/`` of objects, each written whole: ``remote.json``
-    (the tracker's run id, replaced when it changes), ``<batch file>.sent`` per
-    file that reached the tracker, and ``closed``; reading it is one listing
-    (and one read). The lock that keeps two processes from sending a run at
-    once is then a file in the local temp folder: it keeps apart the processes
-    of one machine only."""
+    In a bucket, where objects cannot be appended to, the record is a folder of
+    objects, each written whole (`layout.sent_folder`); reading it is one
+    listing (and one read). The lock that keeps two processes from sending a
+    run at once is then a file in the local temp folder: it keeps apart the
+    processes of one machine only."""
 
     def __init__(self, folder: str, tracker: str, destination: str):
-        digest = hashlib.sha256(destination.encode()).hexdigest()[:10]
         self.in_bucket = filesystems.is_uri(folder)
         self.destination = destination
         self.remote: dict | None = None
@@ -44,23 +43,14 @@ class SentRecord:
         self.closed = False
         self._lock_file = None
         if self.in_bucket:
-            self.path = filesystems.join(folder, f"_sent-{tracker}-{digest}")
-            where = hashlib.sha256(self.path.encode()).hexdigest()[:16]
-            self.lock_path = os.path.join(tempfile.gettempdir(), f"lox-sending-{tracker}-{where}.lock")
-            self._read_objects()
-            return
-        self.path = os.path.join(folder, f"_sent-{tracker}-{digest}.jsonl")
-        self.lock_path = os.path.join(folder, f"_sending-{tracker}-{digest}.lock")
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            lines = []
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # the process died while writing this line
+            self.path = filesystems.join(folder, layout.sent_folder(tracker, destination))
+            self.lock_path = os.path.join(tempfile.gettempdir(), layout.bucket_sending_lock(tracker, self.path))
+            self._kept: _Lines | _Objects = _Objects(self.path)
+        else:
+            self.path = os.path.join(folder, layout.sent_record(tracker, destination))
+            self.lock_path = os.path.join(folder, layout.sending_lock(tracker, destination))
+            self._kept = _Lines(self.path)
+        for entry in self._kept.read():
             if "remote" in entry:
                 self.remote = entry["remote"]
             if "file" in entry:
@@ -70,35 +60,15 @@ class SentRecord:
 
     def set_remote(self, remote: dict) -> None:
         self.remote = remote
-        self._append({"remote": remote, "destination": mask_secrets(self.destination)})
+        self._kept.append({"remote": remote, "destination": mask_secrets(self.destination)})
 
     def add_file(self, name: str) -> None:
         self.files.add(name)
-        self._append({"file": name})
+        self._kept.append({"file": name})
 
     def close(self) -> None:
         self.closed = True
-        self._append({"closed": True})
-
-    def _read_objects(self) -> None:
-        names = {name for name, _, _ in filesystems.scan(self.path, missing_ok=True)}
-        if "remote.json" in names:
-            self.remote = json.loads(filesystems.read_bytes(filesystems.join(self.path, "remote.json")))["remote"]
-        self.files = {name.removesuffix(".sent") for name in names if name.endswith(".sent")}
-        self.closed = "closed" in names
-
-    def _append(self, entry: dict) -> None:
-        if self.in_bucket:  # an object per entry, each uploaded whole
-            name = "remote.json" if "remote" in entry else f"{entry['file']}.sent" if "file" in entry else "closed"
-            filesystems.put(filesystems.join(self.path, name), json.dumps(entry).encode() + b"\n")
-            return
-        with open(self.path, "ab+") as f:
-            # A line torn by a crash is ended first, so that it spoils only itself.
-            size = f.seek(0, os.SEEK_END)
-            torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
-            f.write((b"\n" if torn else b"") + json.dumps(entry).encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self._kept.append({"closed": True})
 
     def lock(self) -> bool:
         """Hold the run's sending lock (released when the process ends, also
@@ -126,11 +96,65 @@ class SentRecord:
         except OSError:
             return
         for name in names:
-            if name.startswith("_sending-") and name.endswith(".lock"):
+            if layout.is_sending_lock(name):
                 path = os.path.join(folder, name)
                 file = _take_lock(path, create=False)
                 if file is not None:
                     _release_lock(file, path)
+
+
+class _Lines:
+    """A sent record in a local run folder: a file of JSON lines."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return []
+        entries = []
+        for line in lines:
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue  # the process died while writing this line
+        return entries
+
+    def append(self, entry: dict) -> None:
+        with open(self.path, "ab+") as f:
+            # A line torn by a crash is ended first, so that it spoils only itself.
+            size = f.seek(0, os.SEEK_END)
+            torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
+            f.write((b"\n" if torn else b"") + json.dumps(entry).encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class _Objects:
+    """A sent record in a run folder in a bucket: a folder of objects, an object per entry, each uploaded whole."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> list[dict]:
+        """The entries the objects hold, as a file of lines would: one listing, and one read (`remote.json`)."""
+        names = {name for name, _, _ in filesystems.scan(self.path, missing_ok=True)}
+        entries: list[dict] = []
+        if layout.SENT_REMOTE in names:
+            entries.append(json.loads(filesystems.read_bytes(filesystems.join(self.path, layout.SENT_REMOTE))))
+        suffix = layout.SENT_MARKER_SUFFIX
+        entries += [{"file": name.removesuffix(suffix)} for name in sorted(names) if name.endswith(suffix)]
+        if layout.SENT_CLOSED in names:
+            entries.append({"closed": True})
+        return entries
+
+    def append(self, entry: dict) -> None:
+        name = (layout.SENT_REMOTE if "remote" in entry
+                else layout.sent_marker(entry["file"]) if "file" in entry else layout.SENT_CLOSED)
+        filesystems.put(filesystems.join(self.path, name), json.dumps(entry).encode() + b"\n")
 
 
 def _take_lock(path: str, create: bool = True) -> IO | None:

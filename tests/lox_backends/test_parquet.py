@@ -1,5 +1,6 @@
-"""The parquet backend: what it writes reads back equal, in order, from lox and from
-other Parquet readers, with concurrent writers and after a writer is killed."""
+"""The parquet backend, and the run store's writer it is (`lox_backends/runstore/writer.py`):
+what it writes reads back equal, in order, from lox and from other Parquet readers, with
+concurrent writers and after a writer is killed."""
 
 import concurrent.futures
 import datetime
@@ -24,6 +25,7 @@ import lox
 from lox_backends import parquet
 from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
+from lox_backends.runstore import reader
 from lox_core import schema
 from lox_core.arrow import to_arrow
 from lox_core.logdict import concat
@@ -70,10 +72,10 @@ def test_batches_round_trip_with_values_dtypes_and_steps(tmp_path):
     for part in parts:
         backend.write(run, to_arrow(part, run=run.run_id))
     backend.flush()
-    assert_logs_equal(parquet.load(tmp_path / "run-0"), concat(parts))
+    assert_logs_equal(reader.load(tmp_path / "run-0"), concat(parts))
     backend.close_run(run)
     backend.close()
-    assert_logs_equal(parquet.load(tmp_path)["run-0"], concat(parts))
+    assert_logs_equal(reader.load(tmp_path)["run-0"], concat(parts))
 
 
 def test_a_spooled_and_a_tapped_training_loop_round_trip(tmp_path):
@@ -89,13 +91,13 @@ def test_a_spooled_and_a_tapped_training_loop_round_trip(tmp_path):
     backend, run = open_run(tmp_path, "spooled")
     backend.write(run, to_arrow(spooled, run=run.run_id))
     backend.close_run(run)
-    assert_logs_equal(parquet.load(tmp_path / "spooled"), spooled)
+    assert_logs_equal(reader.load(tmp_path / "spooled"), spooled)
 
     tap_backend, tap_run = open_run(tmp_path, "tapped")
     write = lambda e: tap_backend.write(tap_run, to_arrow(e.to_logdict(), run="tapped"))  # noqa: E731
     jax.block_until_ready(lox.tap(train, write)(jnp.ones(3)))
     tap_backend.close_run(tap_run)
-    tapped = parquet.load(tmp_path / "tapped")
+    tapped = reader.load(tmp_path / "tapped")
     np.testing.assert_allclose(tapped["loss"], spooled["loss"], rtol=1e-6)
     np.testing.assert_allclose(tapped["w"], spooled["w"], rtol=1e-6)
     np.testing.assert_array_equal(tapped.step["loss"], np.arange(10))
@@ -108,7 +110,7 @@ def test_batches_and_events_keep_arrival_order(tmp_path):
     for w in writes:
         backend.write(run, to_arrow(w, run=run.run_id))
     backend.flush()
-    logs = parquet.load(tmp_path / "run-0")
+    logs = reader.load(tmp_path / "run-0")
     np.testing.assert_array_equal(logs.step["loss"], [0, 1, 2, 3, 4, 5, 6])
     np.testing.assert_array_equal(logs["loss"], concat(writes)["loss"])
     np.testing.assert_array_equal(logs.step["w"], [0, 1, 4, 5])
@@ -128,7 +130,7 @@ def test_one_file_per_flush_or_per_rows_per_file(tmp_path):
     backend.flush()
     files = sorted((tmp_path / "g.batches").glob("batch-*.parquet"))
     assert [pq.read_table(f).num_rows for f in files] == [12, 12, 6]
-    np.testing.assert_array_equal(parquet.load(tmp_path / "r").step["loss"], np.arange(10))
+    np.testing.assert_array_equal(reader.load(tmp_path / "r").step["loss"], np.arange(10))
 
 
 def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
@@ -139,7 +141,7 @@ def test_empty_tables_write_no_file_unless_they_name_series(tmp_path):
     backend.write(run, to_arrow(empty, run=run.run_id))
     backend.write(run, to_arrow(make_logs(0, 2), run=run.run_id))
     backend.close_run(run)
-    loaded = parquet.load(tmp_path / "run-0")
+    loaded = reader.load(tmp_path / "run-0")
     assert list(loaded) == ["x", "loss", "w", "count"] and loaded["x"].shape == (0, 2)
 
 
@@ -147,9 +149,9 @@ def test_events_are_written_on_flush_not_before(tmp_path):
     backend, run = open_run(tmp_path)
     backend.write(run, to_arrow(event(0, loss=1.0), run=run.run_id))
     assert not list(tmp_path.rglob("batch-*"))
-    assert parquet.load(tmp_path / "run-0") == {}
+    assert reader.load(tmp_path / "run-0") == {}
     backend.flush()
-    assert parquet.load(tmp_path / "run-0")["loss"].tolist() == [1.0]
+    assert reader.load(tmp_path / "run-0")["loss"].tolist() == [1.0]
 
 
 # --- _run.json ----------------------------------------------------------------------
@@ -168,7 +170,7 @@ def test_run_json_records_the_run_and_its_status(tmp_path):
     info = json.loads((tmp_path / "r1" / "_run.json").read_text())
     assert info["status"] == "finished"
     assert datetime.datetime.fromisoformat(info["ended"]) >= created
-    assert parquet.runs(tmp_path) == [info] == parquet.runs(tmp_path / "r1")
+    assert reader.runs(tmp_path) == [info] == reader.runs(tmp_path / "r1")
 
 
 def test_runs_and_load_order_runs_by_creation_time(tmp_path):
@@ -177,8 +179,8 @@ def test_runs_and_load_order_runs_by_creation_time(tmp_path):
         backend.write(run, to_arrow(event(0, x=float(len(run_id))), run=run.run_id))
         backend.close_run(run)
         time.sleep(0.01)
-    assert [r["run_id"] for r in parquet.runs(tmp_path)] == ["zeta", "alpha", "mid"]
-    loaded = parquet.load(tmp_path)
+    assert [r["run_id"] for r in reader.runs(tmp_path)] == ["zeta", "alpha", "mid"]
+    loaded = reader.load(tmp_path)
     assert list(loaded) == ["zeta", "alpha", "mid"]
     assert loaded["alpha"]["x"].tolist() == [5.0]
 
@@ -203,8 +205,8 @@ def test_hidden_temp_files_and_strangers_are_ignored(tmp_path):
     (tmp_path / ".trash").mkdir()
     (tmp_path / ".trash" / "_run.json").write_text("{}")
     (tmp_path / "not-a-run").mkdir()
-    assert_logs_equal(parquet.load(folder), make_logs(0, 3))
-    assert list(parquet.load(tmp_path)) == ["run-0"]
+    assert_logs_equal(reader.load(folder), make_logs(0, 3))
+    assert list(reader.load(tmp_path)) == ["run-0"]
 
 
 def test_keys_are_data_never_paths(tmp_path):
@@ -220,7 +222,7 @@ def test_keys_are_data_never_paths(tmp_path):
     assert "runs/run-0/_run.json" in tree
     batches = [f.removeprefix("runs/g.batches/") for f in tree if f != "runs/run-0/_run.json"]
     assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet|_alive-[0-9a-f]{8}\.json", n) for n in batches), tree
-    loaded = parquet.load(root / "run-0")
+    loaded = reader.load(root / "run-0")
     assert sorted(loaded) == sorted(keys)
     assert loaded["../../x"].tolist() == [0.0, 1.0, 2.0, 9.0]
 
@@ -310,7 +312,7 @@ def test_two_processes_write_different_runs_into_one_folder(tmp_path):
     procs = start_writers(root, tmp_path / "go", [("run-a", 0), ("run-b", 1000)])
     # Reading while they write sees whole batches only, in order.
     while any(p.poll() is None for p in procs):
-        for run_id, logs in parquet.load(root).items():
+        for run_id, logs in reader.load(root).items():
             if logs:
                 start = 0 if run_id == "run-a" else 1000
                 np.testing.assert_array_equal(logs.step["loss"], start + np.arange(len(logs["loss"])))
@@ -318,12 +320,12 @@ def test_two_processes_write_different_runs_into_one_folder(tmp_path):
         time.sleep(0.05)
     for proc in procs:
         finish(proc)
-    loaded = parquet.load(root)
+    loaded = reader.load(root)
     assert sorted(loaded) == ["run-a", "run-b"]
     np.testing.assert_array_equal(loaded["run-a"].step["loss"], np.arange(60))
     np.testing.assert_array_equal(loaded["run-b"].step["loss"], 1000 + np.arange(60))
     np.testing.assert_array_equal(loaded["run-b"]["loss"], 1000.0 + np.arange(60))
-    assert [r["status"] for r in parquet.runs(root)] == ["finished", "finished"]
+    assert [r["status"] for r in reader.runs(root)] == ["finished", "finished"]
     assert not [f for f in files_under(root) if os.path.basename(f).startswith(".")]
 
 
@@ -333,7 +335,7 @@ def test_two_processes_writing_one_run_lose_nothing(tmp_path):
     for proc in procs:
         finish(proc)
     assert len(list((root / "g.batches").glob("batch-*.parquet"))) == 8  # 4 flushes per writer
-    steps = parquet.load(root / "shared").step["loss"]
+    steps = reader.load(root / "shared").step["loss"]
     np.testing.assert_array_equal(np.sort(steps), np.concatenate([np.arange(60), 1000 + np.arange(60)]))
 
 
@@ -368,13 +370,13 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable(tmp_path):
     folder = tmp_path / "crash"
     for path in (tmp_path / "g.batches").glob("batch-*.parquet"):
         pq.read_table(path)  # every visible file is whole
-    logs = parquet.load(folder)
+    logs = reader.load(folder)
     n = len(logs["loss"])
     assert n >= 2000 * len(confirmed) and n % 2000 == 0
     np.testing.assert_array_equal(logs.step["loss"], np.arange(n))
     np.testing.assert_array_equal(logs["loss"], np.arange(n) * 0.25)
     np.testing.assert_array_equal(logs["w"][:, 2], np.arange(n, dtype=np.float32) + 2)
-    assert parquet.runs(folder)[0]["status"] == "killed"  # its writer is gone (lox_backends.runstore.reader.run_status)
+    assert reader.runs(folder)[0]["status"] == "killed"  # its writer is gone (lox_backends.runstore.reader.run_status)
 
 
 # --- errors ------------------------------------------------------------------------
@@ -388,13 +390,13 @@ def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp_path, run_id):
 
 def test_load_says_what_it_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder.*expected a run folder"):
-        parquet.load(tmp_path / "missing")
+        reader.load(tmp_path / "missing")
     (tmp_path / "file.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="is a file; expected a run folder"):
-        parquet.load(tmp_path / "file.parquet")
+        reader.load(tmp_path / "file.parquet")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no lox runs in .*folder of run folders"):
-        parquet.runs(tmp_path / "empty")
+        reader.runs(tmp_path / "empty")
 
 
 def test_a_damaged_batch_file_is_named(tmp_path):
@@ -403,7 +405,7 @@ def test_a_damaged_batch_file_is_named(tmp_path):
     backend.close_run(run)
     (tmp_path / "g.batches" / "batch-000001-00000000.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="cannot read .*batch-000001-00000000.parquet.*move it out"):
-        parquet.load(tmp_path / "run-0")
+        reader.load(tmp_path / "run-0")
 
 
 def test_unknown_options_are_refused():
@@ -473,7 +475,7 @@ def test_run_json_is_strict_json_with_non_finite_metadata_as_strings(tmp_path):
     expected = {"lr": "NaN", "clip": "Infinity", "floor": "-Infinity", "betas": [0.5, "NaN"],
                 "nested": {"eps": "-Infinity", "ok": 1.5}}
     assert info["metadata"] == expected
-    assert parquet.runs(tmp_path)[0]["metadata"] == expected
+    assert reader.runs(tmp_path)[0]["metadata"] == expected
 
 
 def test_compression_option(tmp_path):
@@ -483,7 +485,7 @@ def test_compression_option(tmp_path):
     backend.flush()
     path = next((tmp_path / "g.batches").glob("batch-*.parquet"))
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
-    assert parquet.runs(tmp_path)[0]["status"] == "running"
+    assert reader.runs(tmp_path)[0]["status"] == "running"
 
 
 # --- the plugin --------------------------------------------------------------------
@@ -507,7 +509,7 @@ def test_every_table_is_kept_even_one_lox_load_cannot_join(tmp_path):
     assert [(k, s) for k, s in zip(rows["key"], rows["step"], strict=True) if k == "loss"] == [
         ("loss", 0), ("loss", 1), ("loss", 2), ("loss", 3)]
     with pytest.raises(ValueError, match="the rows of key 'loss' have dtypes float32 and complex64, which no dtype"):
-        parquet.load(tmp_path / "run-0")
+        reader.load(tmp_path / "run-0")
 
 
 # --- the layout: one file per flush for every run of a group; runs written by lox 0.1 ------------
@@ -526,12 +528,12 @@ def test_runs_written_by_lox_0_1_still_load_and_read_with_other_readers(tmp_path
     import pandas as pd
 
     shutil.copytree(OLD_RUNS, tmp_path / "runs")
-    loaded = parquet.load(tmp_path / "runs")
+    loaded = reader.load(tmp_path / "runs")
     assert list(loaded) == ["old-0", "old-1"]
     for r in range(2):
         assert_logs_equal(loaded[f"old-{r}"], old_run(r))
-        assert_logs_equal(parquet.load(tmp_path / "runs" / f"old-{r}"), old_run(r))
-    assert [info["metadata"]["lr"] for info in parquet.runs(tmp_path / "runs")] == [0.1, 0.2]
+        assert_logs_equal(reader.load(tmp_path / "runs" / f"old-{r}"), old_run(r))
+    assert [info["metadata"]["lr"] for info in reader.runs(tmp_path / "runs")] == [0.1, 0.2]
     frame = pd.read_parquet(tmp_path / "runs", filters=[("run", "==", "old-1")])
     assert sorted(frame[frame["key"] == "loss"]["value"]) == (np.arange(6) * 0.5 + 1).tolist()
 
@@ -556,11 +558,11 @@ def test_the_runs_of_a_group_share_one_file_per_flush(tmp_path):
     files = sorted((tmp_path / "sweep.batches").glob("batch-*.parquet"))
     assert len(files) == 3  # one per flush, however many runs
     assert sorted(os.listdir(tmp_path / "seed-0")) == ["_run.json"]
-    loaded = parquet.load(tmp_path)
+    loaded = reader.load(tmp_path)
     assert list(loaded) == [run.run_id for run in runs]
     for run in runs:
         assert_logs_equal(loaded[run.run_id], concat(want[run.run_id]))
-    assert_logs_equal(parquet.load(tmp_path / "seed-63"), concat(want["seed-63"]))
+    assert_logs_equal(reader.load(tmp_path / "seed-63"), concat(want["seed-63"]))
     frame = pd.read_parquet(tmp_path, filters=[("run", "==", "seed-5"), ("key", "==", "count")])
     assert sorted(frame["value"]) == [float(s + 5) for s in range(12)]
 
@@ -590,10 +592,10 @@ def test_a_group_read_back_whatever_its_flushes_hold(tmp_path, with_arrays):
     files = sorted((tmp_path / "sweep.batches").glob("batch-*.parquet"))
     scalars = [pq.read_schema(f).metadata.get(b"lox.scalars") == b"1" for f in files]
     assert scalars == ([True, False] * 3 if with_arrays else [True] * 6)
-    loaded = parquet.load(tmp_path)
+    loaded = reader.load(tmp_path)
     for run in runs:
         assert_logs_equal(loaded[run.run_id], concat(want[run.run_id]))
-        assert_logs_equal(parquet.load(tmp_path / run.run_id), concat(want[run.run_id]))
+        assert_logs_equal(reader.load(tmp_path / run.run_id), concat(want[run.run_id]))
 
 
 def test_old_and_new_runs_side_by_side_and_an_old_run_continued(tmp_path):
@@ -609,7 +611,7 @@ def test_old_and_new_runs_side_by_side_and_an_old_run_continued(tmp_path):
     backend.open_run(new)
     backend.write(new, to_arrow(new_logs, run="new-0"))
     backend.close()
-    loaded = parquet.load(tmp_path / "runs")
+    loaded = reader.load(tmp_path / "runs")
     assert sorted(loaded) == ["new-0", "old-0", "old-1"]
     assert_logs_equal(loaded["old-0"], concat([old_run(0), more]))  # its old files first, then the new
     assert_logs_equal(loaded["old-1"], old_run(1))

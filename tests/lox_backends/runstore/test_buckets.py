@@ -26,10 +26,11 @@ from s3_server import S3Server
 import lox
 from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
-from lox_backends.runstore import reader
+from lox_backends.runstore import filesystems, layout, reader
+from lox_backends.runstore.sent import SentRecord
 from lox_backends.tools import cli
 from lox_backends.tools.plot import plot_runs
-from lox_backends.trackers.template import SentRecord, sync
+from lox_backends.trackers.sync import sync
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 STEPS = 3
@@ -108,7 +109,7 @@ def test_seeds_written_to_a_bucket_read_back_as_from_a_local_folder(s3_server, b
     assert [key for key in keys if not key.startswith(f"{group}.batches/")] == sorted(
         f"{run.run_id}/_run.json" for run in in_bucket)
     (batch,) = [key for key in keys if key.startswith(f"{group}.batches/batch-")]  # beside it: the heartbeat
-    assert reader.BATCH_FILE.fullmatch(batch.split("/")[1])
+    assert layout.BATCH_FILE.fullmatch(batch.split("/")[1])
 
     # One run, with or without a trailing slash; its _run.json; any Parquet reader reads the bucket.
     one = lox.load(f"{bucket}/runs/{in_bucket[1].run_id}/")
@@ -176,7 +177,7 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable_in_a_bucket(s3_se
     batches = [key for key in keys if key.startswith("g.batches/batch-")]
     (heartbeat,) = [key for key in keys if key.startswith("g.batches/_alive-")]  # the writer's
     assert keys == ["crash/_run.json", heartbeat, *batches]  # nothing partial, nothing temporary
-    assert all(reader.BATCH_FILE.fullmatch(key.split("/")[1]) for key in batches)
+    assert all(layout.BATCH_FILE.fullmatch(key.split("/")[1]) for key in batches)
     fs = s3_server.filesystem()
     for key in batches:  # every visible object is whole
         pq.read_table(f"{bucket.removeprefix('s3://')}/runs/{key}", filesystem=fs)
@@ -219,7 +220,7 @@ def test_other_filesystems_through_fsspec_get_a_hidden_name_then_a_move():
     np.testing.assert_array_equal(loaded[runs[0].run_id]["loss"], [1.0, 0.25, 0.0625])
     names = [path.rsplit("/", 1)[1] for path in fsspec.filesystem("memory").find(root) if "/_alive-" not in path]
     assert sorted(names)[:2] == ["_run.json", "_run.json"] and len(names) == 3  # no temporary file left
-    assert reader.BATCH_FILE.fullmatch(sorted(names)[2])
+    assert layout.BATCH_FILE.fullmatch(sorted(names)[2])
 
 
 def test_file_uris_are_local_folders(tmp_path, monkeypatch):
@@ -269,8 +270,8 @@ def test_lox_sync_from_a_bucket_sends_each_batch_once(s3_server, bucket, tmp_pat
     run_folder = f"{bucket}/runs/{runs[0].run_id}"
     keys = objects(s3_server, run_folder)
     (folder,) = {key.split("/")[0] for key in keys if key.startswith("_sent-mlflow-")}
-    files = sorted(name for name, _, _ in reader.storage.scan(f"{bucket}/runs/{runs[0].group}.batches")
-                   if reader.BATCH_FILE.fullmatch(name))
+    files = sorted(name for name, _, _ in filesystems.scan(f"{bucket}/runs/{runs[0].group}.batches")
+                   if layout.BATCH_FILE.fullmatch(name))
     assert keys == sorted(["_run.json", f"{folder}/remote.json", f"{folder}/closed",
                            *(f"{folder}/{name}.sent" for name in files)])
     record = SentRecord(run_folder, "mlflow", f"sqlite:///{tmp_path}/m.db experiment=bucket")

@@ -1,6 +1,7 @@
 """Other Parquet readers read a folder of runs (``parquet:DIR``) with the calls
-docs/backends/parquet.md shows, and see what `lox.load` sees; `lox.load` refuses
-a run whose batch files are gone, naming it, rather than loading it empty.
+docs/backends/parquet.md shows, and see what `lox.load` (`lox_backends/runstore/reader.py`)
+sees; `lox.load` refuses a run whose batch files are gone, naming it, rather than loading
+it empty.
 
 The folder is written by real Loggers: vmapped seeds, several flushes, runs whose
 batch files have different step columns (``step``, ``epoch``, both), and the

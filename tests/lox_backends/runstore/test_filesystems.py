@@ -1,4 +1,4 @@
-"""Remote stores that stop answering: every operation lox's storage layer starts
+"""The filesystems with remote stores that stop answering: every operation they start
 ends within its time limit (`filesystems.time_limit`, 60 s by default), warns while it
 waits longer than 5 s, and names the URI, the operation and what to do. Real
 faults only: a GCS or S3 endpoint at a closed port of 127.0.0.1, moto's S3 server
