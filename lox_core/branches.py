@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_core import _compat
-from lox_core.logdict import NO_STEP, event_count, logdict
+from lox_core.logdict import NO_STEP, event_count, event_totals, logdict, padded_logdict
 
 
 class _Key(NamedTuple):
@@ -69,6 +69,7 @@ class Layout:
         if not self.padded:
             return logs
         data, valid, totals = {}, {}, {}
+        counts = event_totals(logs)  # (recorded, dropped) of the keys of bounded loops
         names = sorted(
             {n for key in self.keys for n in (self.padded[key].steps if key in self.padded else logs.step_names(key))}
         )
@@ -81,8 +82,8 @@ class Layout:
                     steps[name][key] = logs.steps[name][key]
                 if key in logs.valid:
                     valid[key] = logs.valid[key]
-                if key in logs._totals:
-                    totals[key] = logs._totals[key]
+                if key in counts:
+                    totals[key] = counts[key]
                 continue
             have = event_count(logs[key]) if key in logs else 0
             tree, leaves = spec.leaves
@@ -104,12 +105,12 @@ class Layout:
             if mask is None:
                 mask = jnp.ones((have, *spec.mask_tail), bool)
             valid[key] = _padded(mask, spec.events, spec.mask_tail, np.dtype(bool), None, False)
-            if key in logs and key in logs._totals:
-                dropped = logs._totals[key][1]
+            if key in logs and key in counts:
+                dropped = counts[key][1]
             else:
                 dropped = jnp.zeros(spec.mask_tail, jnp.int32)
             totals[key] = (jnp.sum(valid[key], axis=0, dtype=jnp.int32), jnp.asarray(dropped, jnp.int32))
-        return logdict._trusted({}, {})._like(data, steps, valid, totals)
+        return padded_logdict(data, steps, valid, totals)
 
 
 def _padded(x, events: int, shape: tuple, dtype, sharding, fill):

@@ -50,7 +50,7 @@ import numpy as np
 
 from lox_core import _compat
 from lox_core.interpreter import continuing
-from lox_core.logdict import NO_STEP, logdict
+from lox_core.logdict import NO_STEP, logdict, padded_logdict
 from lox_core.primitive import log_p, site_of
 
 
@@ -168,7 +168,7 @@ def check_one_shape_per_key(
     return seen
 
 
-class Group(NamedTuple):
+class KeyGroup(NamedTuple):
     """Keys logged by the same `lox.log` calls (static): their events come
     together, so they share a count, step arrays and mask."""
 
@@ -178,7 +178,7 @@ class Group(NamedTuple):
     steps: dict  # step name -> (shape, dtype)
 
 
-def groups_of(kinds: list[Kind], what: str, where: str, otherwise: str) -> list[Group]:
+def groups_of(kinds: list[Kind], what: str, where: str, otherwise: str) -> list[KeyGroup]:
     """The keys of `kinds` grouped by the kinds that log them (each key in one
     group), with their layouts (one per key: `check_one_shape_per_key`, whose
     error takes `what`, `where` and `otherwise`) and the steps any of those
@@ -201,19 +201,20 @@ def groups_of(kinds: list[Kind], what: str, where: str, otherwise: str) -> list[
                         "(e.g. log the step outside `jax.vmap`), or use another step name."
                     )
                 steps[name] = (shape, dtype if known is None else np.promote_types(known[1], dtype))
-        groups.append(Group(tuple(keys), tuple(layout[k][0] for k in keys), tuple(layout[k][1] for k in keys), steps))
+        trees, leaves = tuple(layout[k][0] for k in keys), tuple(layout[k][1] for k in keys)
+        groups.append(KeyGroup(tuple(keys), trees, leaves, steps))
     return groups
 
 
 class DeviceBuffer:
     """The buffers of one loop, as the interpreter goes through it: per group
-    (`Group`) a dict of arrays (tracers of whichever trace is being built):
+    (`KeyGroup`) a dict of arrays (tracers of whichever trace is being built):
     "count" (slots used), "leaves" (per key, per leaf), "steps" (per step
     name), and "valid" (the mask) where the group stores one. Subclasses
     choose the room (`slots`), the mask and where an event goes
     (`_position`), and what happens when it is full."""
 
-    def __init__(self, groups: list[Group], slots: list[int], stores_valid: list[bool], mask_shapes: list[tuple]):
+    def __init__(self, groups: list[KeyGroup], slots: list[int], stores_valid: list[bool], mask_shapes: list[tuple]):
         self.groups = groups
         self.group_of = {key: i for i, group in enumerate(self.groups) for key in group.keys}
         self.slots, self.stores_valid, self.mask_shapes = slots, stores_valid, mask_shapes
@@ -248,7 +249,7 @@ class DeviceBuffer:
                 return jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), at, 0)
 
             new = dict(arrays)
-            # A key's buffers: one per leaf of its events (`Group.leaves`).
+            # A key's buffers: one per leaf of its events (`KeyGroup.leaves`).
             new["leaves"] = tuple(
                 tuple(put(b, x) for b, x in zip(buffers, jax.tree_util.tree_leaves(values[key]), strict=True))
                 for key, buffers in zip(group.keys, arrays["leaves"], strict=True)
@@ -454,7 +455,7 @@ class SpoolBuffer(DeviceBuffer):
                 valid[key], totals[key] = mask, total
             for name, s in arrays["steps"].items():
                 steps.setdefault(name, {}).update(dict.fromkeys(group.keys, cut(s, jnp.asarray(NO_STEP, s.dtype))))
-        return logdict._trusted({}, {})._like(data, steps, valid, totals)
+        return padded_logdict(data, steps, valid, totals)
 
 
 def batched_loops(selection, eqn) -> tuple[tuple[int, ...], frozenset[str]]:

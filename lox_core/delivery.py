@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from lox_core import printing
-from lox_core.logdict import NO_STEP, Event, concat, event_count, logdict
+from lox_core.logdict import NO_STEP, Event, concat, event_count, in_key_order, logdict, trusted, trusted_event
 
 
 def print_event(event: Event | logdict) -> None:
@@ -93,7 +93,7 @@ class Delivery:
                         else jax.tree_util.tree_map(_as_logged, v)
                         for k, v in zip(keys, vals, strict=True)
                     }
-                    per_event(Event._trusted(data, {n: _step(s) for n, s in zip(names, stps, strict=True)}))
+                    per_event(trusted_event(data, {n: _step(s) for n, s in zip(names, stps, strict=True)}))
                 return
             batch_shape = np.shape(jax.tree_util.tree_leaves((taken, vals, stps))[0])[:batch_ndim]
             # Elements that took their cond branch (all of them outside a cond).
@@ -117,7 +117,7 @@ class Delivery:
                     for n, s in zip(names, stps, strict=True)
                 }
                 if batched:
-                    callback(logdict._trusted(data, per_name), took)
+                    callback(trusted(data, per_name), took)
                 else:
                     callback(batch_ndim, logdict(data, per_name), jax.tree_util.tree_map(np.array, context), took)
                 return
@@ -136,7 +136,7 @@ class Delivery:
                         name: ls[0][index] if one else jax.tree_util.tree_unflatten(tree, [x[index] for x in ls])
                         for name, ls, one, (_, tree) in zip(names_p, leaves, single, flat, strict=True)
                     }
-                    per_event(Event._trusted(data, {n: _step(s[index]) for n, s in zip(names, steps_e, strict=True)}))
+                    per_event(trusted_event(data, {n: _step(s[index]) for n, s in zip(names, steps_e, strict=True)}))
 
         def deliver(*args):
             with lock:
@@ -184,7 +184,7 @@ class Delivery:
 
     def buffers(self, groups: list, key_order: list[str]) -> Callable:
         """``deliver(batch_ndim, when, counts, arrays, context)`` for the
-        buffers of `groups` (`lox_core.buffer.Group`), sent where `when`,
+        buffers of `groups` (`lox_core.buffer.KeyGroup`), sent where `when`,
         with the keys in `key_order`."""
         callback, block_callback, prefix, lock = self.callback, self.block_callback, self.prefix, self.lock
 
@@ -247,10 +247,10 @@ def blocks(groups: list, key_order: list[str], prefix: str, batch_ndim: int, whe
                 s = s[e, rows]
                 if not (s == NO_STEP).all():  # a step name none of these events carries is left out
                     per_name[name] = dict.fromkeys(data, s)
-            parts.append(logdict._trusted(data, per_name))
+            parts.append(trusted(data, per_name))
         if len(parts) == 1:
             yield e, parts[0]
         elif parts:  # keys of one group are in order already; across groups, as `key_order` says
             merged = concat(parts)
             ordered = sorted(merged, key=rank.__getitem__)
-            yield e, merged._select(ordered, dict(zip(ordered, ordered, strict=True)))
+            yield e, in_key_order(merged, ordered)

@@ -36,7 +36,7 @@ import numpy as np
 
 from lox_core import _compat, segments
 from lox_core.branches import Layout
-from lox_core.logdict import concat, logdict
+from lox_core.logdict import concat, event_totals, logdict, padded_logdict
 from lox_core.primitive import Site, event_outputs, log_p, site_of
 
 
@@ -83,6 +83,7 @@ class Handler:
     keep_logs = False  # whether selected events stay visible to outer transforms
     defers_logs = False  # whether on_log emits nothing, so it may run after later equations
     uses_active = False  # whether on_log needs `active` in cond branches and while loops (tap)
+    drops_logs = False  # whether what it selects goes nowhere (nolog): a custom derivative rule's logs go too
 
     def __init__(self):
         self._state: contextvars.ContextVar = contextvars.ContextVar(f"lox_{type(self).__name__}_state")
@@ -202,9 +203,10 @@ def canonical(logs: logdict) -> logdict:
     keys = sorted(logs)
     steps = {n: {k: logs.steps[n][k] for k in keys if k in logs.steps[n]} for n in sorted(logs.steps)}
     # With the padding masks and counts of bounded loops (`max_events`), also sorted.
-    valid = {k: logs._valid[k] for k in keys if k in logs._valid}
-    totals = {k: logs._totals[k] for k in keys if k in logs._totals}
-    return logs._like({k: logs[k] for k in keys}, steps, valid, totals)
+    valid = {k: logs.valid[k] for k in keys if k in logs.valid}
+    counts = event_totals(logs)
+    totals = {k: counts[k] for k in keys if k in counts}
+    return padded_logdict({k: logs[k] for k in keys}, steps, valid, totals)
 
 
 # --- single events ---------------------------------------------------------------------
@@ -490,14 +492,15 @@ class Scan:
 
         unique = [events_in_order(u, sq) for u, sq in zip(unique, squeeze, strict=True)]
         logs = jax.tree_util.tree_unflatten(tree, [unique[i] for i in where])
-        logs._totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
-        return carry, ys, logs
+        totals = jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), totals)
+        return carry, ys, padded_logdict(dict(logs), logs.steps, logs.valid, totals)
 
 
 def _without_totals(logs: logdict) -> tuple[logdict, dict]:
-    if not logs._totals:
+    totals = event_totals(logs)
+    if not totals:
         return logs, {}
-    return logs._like(dict(logs), logs.steps, totals={}), logs._totals
+    return padded_logdict(dict(logs), logs.steps, logs.valid, {}), totals
 
 
 def unique_objects(values: list) -> tuple[list, list[int]]:
@@ -736,6 +739,7 @@ class DropAll(Handler):
     """Removes every log it selects (`lox.nolog` selects all)."""
 
     name = "lox.nolog"
+    drops_logs = True
 
     def __init__(self, selection: Selection = Selection()):
         super().__init__()
@@ -748,8 +752,8 @@ class DropAll(Handler):
 def without_logs(handler: Handler, eqn, fun: Callable, *args):
     """Call a custom derivative rule `fun` without the logs of the primal
     function (which the rebuilt primal emitted already); `lox.nolog` removes
-    the rule's other logs too."""
-    if isinstance(handler, DropAll):
+    the rule's other logs too (`Handler.drops_logs`)."""
+    if handler.drops_logs:
         dropped = Selection()
     else:
         primal_keys = {k for s in sites_in(_compat.custom_call_params(eqn.params).call_jaxpr) for k in s.keys}

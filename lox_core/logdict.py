@@ -1,5 +1,13 @@
 """`logdict`: logged series with their step metadata; `Event`: one event of
-them on the host, with the values as they were logged."""
+them on the host, with the values as they were logged.
+
+The functions at the end of the module are the rest of lox_core's access to a
+logdict, the one place that reads and writes its fields: building one without
+checks (`trusted`, `trusted_event`, `padded_logdict`), the event counts of
+bounded loops (`event_totals`), spool's ``interval`` (`every`), key order
+(`in_key_order`), and the form spool's compiled program returns
+(`shared_once`, `plain`). They are not `lox.logdict`'s API.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +22,11 @@ import numpy as np
 
 from lox_core import printing
 from lox_core.dtypes import common_dtype
+from lox_core.series import NO_STEP as NO_STEP  # `lox.NO_STEP`: defined with the other rules about steps
+from lox_core.series import steps_per_event
 
-if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow, when tables are made
+if TYPE_CHECKING:  # pyarrow is imported with lox_core.arrow_codec, when tables are made
     import pyarrow as pa
-
-# Written into a step where an event of a key did not carry that step name, so
-# that every step array stays aligned with its values. The smallest int32: no
-# real step is negative that far, and it fits every integer dtype JAX uses.
-NO_STEP = -(2**31)
-# The columns of a logdict as an Arrow table (`to_arrow`) besides one per step name.
 
 REDUCTIONS = ("mean", "sum", "min", "max", "first", "last")
 
@@ -256,17 +260,6 @@ class logdict(dict[str, Any]):
         steps = {name: {k: fn(s) for k, s in per_key.items()} for name, per_key in self._steps.items()}
         return self._like(data, steps, {k: fn(m) for k, m in self._valid.items()})._recounted()
 
-    def _every(self, n: int) -> logdict:
-        """Every `n`-th event of each key: a slice, or for a padded key a mask
-        that keeps every `n`-th recorded event (its shape cannot change)."""
-        if not self._valid:
-            return self.slice[::n]
-        plain = self.filter(lambda k, _: k not in self._valid).slice[::n]
-        padded = self.filter(lambda k, _: k in self._valid)
-        ranks = {k: jnp.cumsum(m, axis=0) - 1 for k, m in padded._valid.items()}
-        padded._valid = {k: m & (ranks[k] % n == 0) for k, m in padded._valid.items()}
-        return self._in_my_order(plain | padded._recounted())
-
     def reduce(self, mode: str) -> logdict:
         """Reduce every series over its events to a series of one event.
 
@@ -334,9 +327,11 @@ class logdict(dict[str, Any]):
         >>> table.column("value").to_pylist(), table.column("step").to_pylist()
         ([0.5, 0.25], [0, 1])
         """
-        from lox_core.arrow import to_arrow  # pyarrow only when asked for
+        from lox_core import arrow_codec  # pyarrow only when asked for (and no import cycle: it takes plain dicts)
 
-        return to_arrow(self, run)
+        arrow_codec.check_run(run)
+        logs = self._trimmed("to_arrow") if self._valid else self  # padded series: the recorded events only
+        return arrow_codec.encode(logs, logs._steps, run)[0]
 
     @staticmethod
     def from_arrow(table: pa.Table, run: str | None = None) -> logdict:
@@ -350,9 +345,9 @@ class logdict(dict[str, Any]):
         >>> back["loss"].tolist(), back.step["loss"].tolist()
         ([0.5, 0.25], [0, 1])
         """
-        from lox_core.arrow import from_arrow
+        from lox_core import arrow_codec
 
-        return from_arrow(table, run)
+        return logdict._trusted(*arrow_codec.decode(table, run))
 
     # --- display ---------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -440,24 +435,6 @@ def _identity(dtype, mode: str):
         info = np.iinfo(dtype)
         return info.max if mode == "min" else info.min
     return np.inf if mode == "min" else -np.inf
-
-
-def steps_per_event(key: str, step_name: str, steps: np.ndarray, why: str) -> np.ndarray:
-    """One step per event, ``(events,)``: steps logged under `jax.vmap` are
-    ``(events, *batch axes)``, the same for every element; steps that differ
-    along those axes are refused (`why` says what needs one per event)."""
-    if steps.ndim <= 1:
-        return steps
-    flat = steps.reshape(steps.shape[0], -1)
-    if flat.shape[1] == 0:
-        return np.full(steps.shape[0], NO_STEP, steps.dtype)
-    if not (flat == flat[:, :1]).all():
-        raise ValueError(
-            f"steps {step_name!r} of series {key!r} differ along the axes after the event axis (shape "
-            f"{steps.shape}); {why}. If the leading axis is a vmap batch axis (`jax.vmap(lox.spool(f))`), "
-            "take each batch element apart: `logs.map_series(lambda x: x[i])`."
-        )
-    return flat[:, 0]
 
 
 def _step_named(steps: dict[str, Any], name: str, holder: str) -> Any:
@@ -667,7 +644,7 @@ def concat(parts: Iterable[logdict]) -> logdict:
             ]
             steps.setdefault(name, {})[key] = _concat(filled)
     steps = {name: steps[name] for name in order if name in steps}
-    return logdict._trusted({}, {})._like(data, steps, valid, totals)
+    return padded_logdict(data, steps, valid, totals)
 
 
 def _check_same_structure(key: str, values: list) -> None:
@@ -748,4 +725,170 @@ def _deserialize_aux(serialized_aux_data: bytes):
 
 jax.export.register_pytree_node_serialization(
     logdict, serialized_name="lox.logdict", serialize_auxdata=_serialize_aux, deserialize_auxdata=_deserialize_aux
+)
+
+
+# --- the core's access to a logdict --------------------------------------------------------
+# Not `lox.logdict`'s API: what the transforms, buffers and readers of lox_core use to
+# build logdicts without the checks of `logdict(...)` and to carry the padding and event
+# counts of bounded loops (`lox.spool(f, max_events=N)`). No module but this one touches
+# a logdict's fields.
+
+
+def trusted(data: dict, steps: dict) -> logdict:
+    """A logdict that takes `data` and `steps` as they are (fresh dicts, no
+    empty step names, no padding): for hot paths that build many small logdicts."""
+    return logdict._trusted(data, steps)
+
+
+def trusted_event(data: dict, steps: dict) -> Event:
+    """An `Event` that takes `data` and `steps` as they are (the hot path of a tap)."""
+    return Event._trusted(data, steps)
+
+
+def padded_logdict(data: dict, steps: dict, valid: dict, totals: dict) -> logdict:
+    """A logdict of `data` and `steps` with the masks of its padded keys
+    (`valid`, as `logdict.valid` holds them) and the ``(recorded, dropped)``
+    event counts of its keys that had a limit (`totals`, as `event_totals`
+    gives them), each for the keys `data` holds; step names without keys are
+    left out. Nothing is checked."""
+    return logdict._trusted({}, {})._like(data, steps, valid, totals)
+
+
+def event_totals(logs: logdict) -> dict[str, tuple]:
+    """The ``(recorded, dropped)`` event counts of the keys of `logs` that had
+    a limit, by key (a key without one is in neither `logs.valid` nor here).
+    They are leaves of the logdict's pytree, so that they stay right under
+    `jax.vmap` and through scans (where the interpreter sums them). Read only."""
+    return logs._totals
+
+
+def every(logs: logdict, n: int) -> logdict:
+    """Every `n`-th event of each key (`lox.spool`'s ``interval``): a slice, or
+    for a padded key a mask that keeps every `n`-th recorded event (its shape
+    cannot change)."""
+    if not logs._valid:
+        return logs.slice[::n]
+    unpadded = logs.filter(lambda k, _: k not in logs._valid).slice[::n]
+    masked = logs.filter(lambda k, _: k in logs._valid)
+    ranks = {k: jnp.cumsum(m, axis=0) - 1 for k, m in masked._valid.items()}
+    masked._valid = {k: m & (ranks[k] % n == 0) for k, m in masked._valid.items()}
+    return logs._in_my_order(unpadded | masked._recounted())
+
+
+def in_key_order(logs: logdict, keys: list[str]) -> logdict:
+    """`logs` with its keys (all of them) in the order of `keys`."""
+    return logs._select(list(keys), {k: k for k in keys})
+
+
+def shared_once(logs: logdict) -> logdict:
+    """`logs` as the output of spool's compiled program: a logdict whose pytree
+    holds each distinct array once (`plain` gives the user's logdict back)."""
+    return _SharedOnce.of(logs)
+
+
+def plain(logs: logdict) -> logdict:
+    """A plain logdict of what `logs` holds (one made by `shared_once`, for
+    instance), with its padding and event counts."""
+    return logs._like(dict(logs), logs.steps)
+
+
+class _SharedOnce(logdict):
+    """Spooled logs as the output of spool's compiled program: a logdict whose
+    pytree holds each distinct array once. The keys of one event share one step
+    array, which would otherwise be an output per key (and XLA copies an array
+    output twice). Which arrays are the same is fixed when the object is built
+    (from the traced arrays), so its pytree structure never depends on the
+    identity of whatever it holds later. `lox.spool` hands users a plain
+    logdict made from it.
+
+    Its one child is the plain logdict with each repeated array replaced by
+    None; the pytree's static part names those places and where their array
+    is, in strings and numbers, so that `jax.export` can serialize it."""
+
+    __slots__ = ("_holes",)
+
+    @classmethod
+    def of(cls, logs: logdict, holes=None) -> "_SharedOnce":
+        shared = cls._trusted(dict(logs), logs.steps)
+        shared._valid, shared._totals = dict(logs._valid), dict(logs._totals)
+        if holes is None:  # each array held again: (its place, the place it is first held)
+            first: dict = {}
+            repeated = []
+            for place, x in _places(logs):
+                source = first.setdefault(id(x), place)
+                if source != place:
+                    repeated.append((place, source))
+            holes = tuple(repeated)
+        shared._holes = holes
+        return shared
+
+    def _flatten(self):
+        holey = plain(self)  # fresh dicts, but for the steps' per-key ones
+        holey._steps = {name: dict(per_key) for name, per_key in holey._steps.items()}
+        for place, _ in self._holes:
+            _put(holey, place, None)
+        return [holey], self._holes
+
+    @classmethod
+    def _unflatten(cls, holes, children):
+        logs = children[0]
+        for place, source in holes:
+            _put(logs, place, _at(logs, source))
+        return cls.of(logs, holes)
+
+
+def _places(logs: logdict):
+    """Each array a logdict holds directly, with its place: ("data", key),
+    ("steps", name, key), ("valid", key) or ("totals", key, 0 or 1)."""
+    for key, value in logs.items():
+        if hasattr(value, "shape"):  # not a pytree of arrays
+            yield ("data", key), value
+    for name, per_key in logs._steps.items():
+        for key, s in per_key.items():
+            yield ("steps", name, key), s
+    for key, mask in logs._valid.items():
+        yield ("valid", key), mask
+    for key, counts in logs._totals.items():
+        for i, count in enumerate(counts):
+            yield ("totals", key, i), count
+
+
+def _at(logs: logdict, place):
+    what, *where = place
+    if what == "data":
+        return logs[where[0]]
+    if what == "steps":
+        return logs._steps[where[0]][where[1]]
+    if what == "valid":
+        return logs._valid[where[0]]
+    return logs._totals[where[0]][where[1]]
+
+
+def _put(logs: logdict, place, value) -> None:
+    what, *where = place
+    if what == "data":
+        dict.__setitem__(logs, where[0], value)
+    elif what == "steps":
+        logs._steps[where[0]][where[1]] = value
+    elif what == "valid":
+        logs._valid[where[0]] = value
+    else:  # a (recorded, dropped) pair
+        counts = list(logs._totals[where[0]])
+        counts[where[1]] = value
+        logs._totals[where[0]] = tuple(counts)
+
+
+def _serialize_holes(aux_data) -> bytes:  # (parameters named as JAX 0.8 types them)
+    return json.dumps(aux_data).encode()
+
+
+def _deserialize_holes(serialized_aux_data: bytes):
+    return tuple((tuple(place), tuple(source)) for place, source in json.loads(serialized_aux_data))
+
+
+jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
+jax.export.register_pytree_node_serialization(
+    _SharedOnce, serialized_name="lox.spooled_logdict",
+    serialize_auxdata=_serialize_holes, deserialize_auxdata=_deserialize_holes,
 )

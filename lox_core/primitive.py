@@ -21,8 +21,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from lox_core import _compat, printing
-from lox_core.arrow import check_own_series
-from lox_core.logdict import logdict
+from lox_core.logdict import logdict, trusted
+from lox_core.series import check_own_series
 
 log_p = Primitive("lox_log")
 log_p.multiple_results = True
@@ -128,7 +128,7 @@ def log(
     # The outputs already carry the event axis.
     values, step_events = site.split(outs)
     per_name = {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {}
-    return logdict._trusted(values, per_name)
+    return trusted(values, per_name)
 
 
 def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
@@ -136,13 +136,13 @@ def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> l
     data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
     # The keys of one event share one step array (one output, not one per key).
     per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()} if values else {}
-    return logdict._trusted(data, per_name)
+    return trusted(data, per_name)
 
 
 def _check_own_series(key: str, tree) -> None:
     """Refuse a key whose leaves' series names (``key/path``) have an empty
     part, or two of which are one name: no file or tracker could hold them
-    (`lox_core.arrow.check_own_series`)."""
+    (`lox_core.series.check_own_series`)."""
     try:
         _own_series_checked(key, tree)  # once per key and structure
     except TypeError:  # a node whose aux data does not hash

@@ -2,123 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, Iterable, Sequence
-
-import jax
-import jax.export
 
 from lox_core.buffer import SpoolBuffer, batched_loops, kinds_in
 from lox_core.interpreter import Handler, Selection, in_while_predicate, selected_keys, single_event
-from lox_core.logdict import REDUCTIONS, logdict
+from lox_core.logdict import REDUCTIONS, every, logdict, plain, shared_once
 from lox_core.options import SpoolOptions, positive_int, selection, string
 from lox_core.primitive import event_logdict, vmap_of_cond_message
 from lox_core.transform import Transformed, jitted, trace_and_interpret
-
-
-class _SharedOnce(logdict):
-    """Spooled logs as the output of spool's compiled program: a logdict whose
-    pytree holds each distinct array once. The keys of one event share one step
-    array, which would otherwise be an output per key (and XLA copies an array
-    output twice). Which arrays are the same is fixed when the object is built
-    (from the traced arrays), so its pytree structure never depends on the
-    identity of whatever it holds later. `lox.spool` hands users a plain
-    logdict made from it.
-
-    Its one child is the plain logdict with each repeated array replaced by
-    None; the pytree's static part names those places and where their array
-    is, in strings and numbers, so that `jax.export` can serialize it."""
-
-    __slots__ = ("_holes",)
-
-    @classmethod
-    def of(cls, logs: logdict, holes=None) -> "_SharedOnce":
-        shared = cls._trusted(dict(logs), logs.steps)
-        shared._valid, shared._totals = dict(logs._valid), dict(logs._totals)
-        if holes is None:  # each array held again: (its place, the place it is first held)
-            first: dict = {}
-            repeated = []
-            for place, x in _places(logs):
-                source = first.setdefault(id(x), place)
-                if source != place:
-                    repeated.append((place, source))
-            holes = tuple(repeated)
-        shared._holes = holes
-        return shared
-
-    def _flatten(self):
-        holey = _plain(self)  # fresh dicts, but for the steps' per-key ones
-        holey._steps = {name: dict(per_key) for name, per_key in holey._steps.items()}
-        for place, _ in self._holes:
-            _put(holey, place, None)
-        return [holey], self._holes
-
-    @classmethod
-    def _unflatten(cls, holes, children):
-        logs = children[0]
-        for place, source in holes:
-            _put(logs, place, _at(logs, source))
-        return cls.of(logs, holes)
-
-
-def _places(logs: logdict):
-    """Each array a logdict holds directly, with its place: ("data", key),
-    ("steps", name, key), ("valid", key) or ("totals", key, 0 or 1)."""
-    for key, value in logs.items():
-        if hasattr(value, "shape"):  # not a pytree of arrays
-            yield ("data", key), value
-    for name, per_key in logs._steps.items():
-        for key, s in per_key.items():
-            yield ("steps", name, key), s
-    for key, mask in logs._valid.items():
-        yield ("valid", key), mask
-    for key, counts in logs._totals.items():
-        for i, count in enumerate(counts):
-            yield ("totals", key, i), count
-
-
-def _at(logs: logdict, place):
-    what, *where = place
-    if what == "data":
-        return logs[where[0]]
-    if what == "steps":
-        return logs._steps[where[0]][where[1]]
-    if what == "valid":
-        return logs._valid[where[0]]
-    return logs._totals[where[0]][where[1]]
-
-
-def _put(logs: logdict, place, value) -> None:
-    what, *where = place
-    if what == "data":
-        dict.__setitem__(logs, where[0], value)
-    elif what == "steps":
-        logs._steps[where[0]][where[1]] = value
-    elif what == "valid":
-        logs._valid[where[0]] = value
-    else:  # a (recorded, dropped) pair
-        counts = list(logs._totals[where[0]])
-        counts[where[1]] = value
-        logs._totals[where[0]] = tuple(counts)
-
-
-def _plain(logs: logdict) -> logdict:
-    return logs._like(dict(logs), logs.steps)
-
-
-def _serialize_holes(aux_data) -> bytes:  # (parameters named as JAX 0.8 types them)
-    return json.dumps(aux_data).encode()
-
-
-def _deserialize_holes(serialized_aux_data: bytes):
-    return tuple((tuple(place), tuple(source)) for place, source in json.loads(serialized_aux_data))
-
-
-jax.tree_util.register_pytree_node(_SharedOnce, _SharedOnce._flatten, _SharedOnce._unflatten)
-jax.export.register_pytree_node_serialization(
-    _SharedOnce, serialized_name="lox.spooled_logdict",
-    serialize_auxdata=_serialize_holes, deserialize_auxdata=_deserialize_holes,
-)
 
 
 class SpoolHandler(Handler):
@@ -342,12 +233,12 @@ def spool(
         def spooled(*args, **kwargs):
             out, logs, _, changes = trace_and_interpret(get_fun(), handler, args, kwargs)
             if options.interval is not None:
-                logs = logs._every(options.interval)
+                logs = every(logs, options.interval)
             if options.reduce is not None:
                 logs = logs.reduce(options.reduce)
             if options.prefix:
                 logs = logs.prefix(options.prefix)
-            return (out, _SharedOnce.of(logs)), changes
+            return (out, shared_once(logs)), changes
 
         return spooled
 
@@ -355,7 +246,7 @@ def spool(
 
     def call(*args, **kwargs):
         out, shared = program((), args, kwargs)
-        return out, _plain(shared)
+        return out, plain(shared)
 
     # Lowered as it runs: with the steps shared by several keys returned once.
     return Transformed(fun, call, program, lowered=lambda *args, **kwargs: program((), args, kwargs))

@@ -42,7 +42,7 @@ from lox_backends.plugin import hooks
 from lox_backends.plugin.config import BackendConfig, check_logger_options, parse, seconds
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
-from lox_core import _compat, failures, schema, spool, tap
+from lox_core import failures, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
@@ -168,7 +168,7 @@ class Logger:
         self._check_open()
         self._job.check_unchanged()
         if self._job.count > 1 and self._job.processes == "each":
-            if _compat.staging_trace() is not None:
+            if runtime.staging_trace() is not None:
                 raise ValueError(
                     "with `processes='each'`, call `logger.init` outside jax.jit in a multi-process job: inside "
                     "it, only the process of the program's first device would open the runs."
@@ -282,7 +282,7 @@ class Logger:
         self._check_state(state, "log")
         self._checks.check(logs, tuple(np.shape(state.run)))  # shapes are static: traced ones too
         if traced((state, logs)):
-            if self._job.per_device_error is not None and _compat.manual_axes():
+            if self._job.per_device_error is not None and runtime.manual_axes():
                 raise ValueError(self._job.per_device_error)
             # Chained, not ordered: an ordered effect is refused on more than one device.
             note = f"raised by lox logger {self.name!r} while receiving keys {', '.join(map(repr, logs))}"
@@ -537,7 +537,7 @@ class Logger:
             return
         self._closed = True
         shutdown.discard(self)
-        _compat.wait_for_effects()  # without raising a callback's exception: closing must not stop halfway
+        runtime.wait_for_effects()  # without raising a callback's exception: closing must not stop halfway
         stuck = False
         closing = self._runs.finishing(self._runs.open_numbers()) if self._job.writes else []
         try:
@@ -723,7 +723,7 @@ def _replicated(x: jax.Array) -> jax.Array:
     sharding), and a program whose output keeps that placement hands back an
     array that later programs under a mesh refuse as an input."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.manual_axes or _compat.staging_trace() is None:  # in a shard_map: per device
+    if mesh.empty or mesh.manual_axes or runtime.staging_trace() is None:  # in a shard_map: per device
         return x
     if all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         return jax.sharding.reshard(x, jax.sharding.PartitionSpec())  # explicit axes take no constraint

@@ -48,7 +48,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from lox_backends.logger import shutdown
-from lox_core import _compat
+from lox_core import runtime
 
 PROCESSES = ("first", "each")
 
@@ -67,7 +67,7 @@ class Job:
                 f"writes runs of its own), got {processes!r}."
             )
         self.processes = processes
-        self.index, self.count, self._client = _compat.distributed_runtime()
+        self.index, self.count, self._client = runtime.distributed_runtime()
         if self.count > 1:
             watch(self.index, self._client)
 
@@ -110,7 +110,7 @@ class Job:
 
     def check_unchanged(self) -> None:
         """A Logger made before `jax.distributed.initialize` would write one run per process."""
-        if _compat.distributed_runtime()[1] != self.count:
+        if runtime.distributed_runtime()[1] != self.count:
             raise RuntimeError(
                 "this lox Logger was created before `jax.distributed.initialize()`, so each process would "
                 "write runs of its own under different ids; create loggers after initializing the job."
@@ -182,7 +182,7 @@ class Watcher:
 
     def _current(self) -> bool:
         """Whether the job this watcher watches is still the one this process is in."""
-        return _compat.distributed_runtime()[2] is self.client
+        return runtime.distributed_runtime()[2] is self.client
 
     def _run(self) -> None:
         try:

@@ -1,4 +1,6 @@
-"""`logdict` <-> Arrow: exact round trips (also through Parquet), the schema, and its errors."""
+"""`logdict` <-> Arrow: exact round trips (also through Parquet), the schema, and its errors
+(`lox_core/arrow.py`, and the encoding it shares with `logdict.to_arrow` / `from_arrow`,
+`lox_core/arrow_codec.py`; the columns and step rules of `lox_core/schema.py`)."""
 
 import collections
 import json

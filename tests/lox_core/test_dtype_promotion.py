@@ -1,6 +1,6 @@
 """A key logged as ints and later as floats (``{"a": 3}`` then ``{"a": 5e-07}``,
 as CLU's metric writers are tested) is one series of NumPy's common dtype where
-that dtype holds every value exactly (`lox_core.dtypes`): int32 and float32
+that dtype holds every value exactly (`lox_core/dtypes.py`): int32 and float32
 events give float64. Dtypes that no dtype holds exactly stay refused, naming
 the key. References are written by hand.
 """

@@ -6,6 +6,9 @@ transform is held to them: `spool` collects exactly those events, `tap`
 delivers them in that order, `nolog` computes the same output, and the
 gradient goes through unchanged. A rule without a case fails
 `test_every_rule_has_a_case`: adding a primitive means adding its case here.
+The primitive objects and parameter readers the rules use are
+`lox_core/_compat.py`'s, and the equations lox leaves alone are emitted by
+`lox_core/segments.py`: both are held here.
 """
 
 from __future__ import annotations

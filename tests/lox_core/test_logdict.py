@@ -1,4 +1,5 @@
-"""`logdict` algebra, pytree behaviour and display."""
+"""`logdict` algebra, pytree behaviour and display; and the functions through which the rest of
+lox_core builds logdicts and reads their padding (the end of `lox_core/logdict.py`)."""
 
 import pickle
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from logs_testing import assert_logs_equal
 
 import lox
-from lox_core.logdict import concat
+from lox_core.logdict import concat, event_totals, every, in_key_order, padded_logdict, plain, shared_once, trusted
 
 keys = st.sampled_from(["a", "b", "c"])
 step_names = st.sampled_from(["step", "episode"])
@@ -214,3 +215,33 @@ def test_events_refuse_a_batch_axis_in_front_and_to_logdict_keeps_spools_step_dt
     back = concat([e.to_logdict() for e in events])
     assert back.step["loss"].dtype == spooled.step["loss"].dtype == np.int32
     assert_logs_equal(back, spooled)
+
+
+def test_the_cores_access_builds_padded_logdicts_and_reads_their_counts():
+    mask = np.array([True, True, False])
+    logs = padded_logdict(
+        {"r": np.array([1.0, 2.0, 0.0]), "s": np.array([5.0])},
+        {"step": {"r": np.array([0, 1, 0]), "s": np.array([7])}, "empty": {}},
+        {"r": mask, "gone": mask},  # masks and counts of keys the logdict does not hold are left out
+        {"r": (np.array(2), np.array(3)), "gone": (0, 0)},
+    )
+    assert list(logs.steps) == ["step"] and list(logs.valid) == ["r"] and list(event_totals(logs)) == ["r"]
+    assert int(logs.count["r"]) == 2 and int(logs.dropped["r"]) == 3 and int(logs.count["s"]) == 1
+    assert logs.trim()["r"].tolist() == [1.0, 2.0]
+    back = in_key_order(logs, ["s", "r"])
+    assert list(back) == ["s", "r"] and list(back.steps["step"]) == ["s", "r"] and int(back.dropped["r"]) == 3
+    # spool's interval: every 2nd recorded event of a padded key, a slice of the others
+    mask = np.array([True, False, True, True])
+    sparse = every(padded_logdict({"r": np.arange(4.0)}, {}, {"r": mask}, {"r": (np.array(3), np.array(0))}), 2)
+    assert sparse.valid["r"].tolist() == [True, False, False, True] and int(sparse.count["r"]) == 2
+    assert every(trusted({"x": np.arange(5.0)}, {}), 2)["x"].tolist() == [0.0, 2.0, 4.0]
+
+
+def test_spools_output_form_holds_a_shared_step_array_once_and_gives_the_same_logs_back():
+    step = np.array([0, 1])
+    logs = trusted({"a": np.array([1.0, 2.0]), "b": np.array([3.0, 4.0])}, {"step": {"a": step, "b": step}})
+    shared = shared_once(logs)
+    assert len(jax.tree_util.tree_leaves(shared)) == 3  # a, b, and their one step array
+    again = jax.tree_util.tree_map(lambda x: x, shared)
+    assert type(plain(again)) is lox.logdict
+    assert_logs_equal(plain(again), logs)

@@ -1,7 +1,8 @@
 """Nested keys: a logdict holds a key's pytree as it was logged — from `lox.spool`,
 from a tap, from the memory backend, from `lox.load` — and the flat ``key/path``
 names are the series names where a namespace is flat: the Arrow ``key`` column,
-trackers' metrics, the console, `lox plot --key`. References are computed by hand."""
+trackers' metrics, the console, `lox plot --key` (named by `lox_core/series.py`). References
+are computed by hand."""
 
 import collections
 import json

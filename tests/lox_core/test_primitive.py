@@ -1,4 +1,5 @@
-"""`lox.log`: what it accepts, what it returns, and its default console output."""
+"""`lox.log`: what it accepts, what it returns, and its default console output
+(`lox_core/printing.py`)."""
 
 import os
 import subprocess

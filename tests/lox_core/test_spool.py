@@ -1,5 +1,8 @@
 """`lox.spool`: the logs it returns equal what the same function returns when it
-carries the values out by hand."""
+carries the values out by hand. Also the padded layout of a key that a cond's
+branches log differently (`lox_core/branches.py`), the options checked once
+(`lox_core/options.py`) and the compiled programs cached per signature
+(`lox_core/transform.py`)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,5 @@
-"""`lox.spool(f, max_events=N)`: logs of while loops in fixed-capacity buffers, padding masked out.
+"""`lox.spool(f, max_events=N)`: logs of while loops in fixed-capacity buffers, padding masked out
+(`SpoolBuffer`, `lox_core/buffer.py`).
 
 References are the events a plain Python loop computes, and the events an
 unbuffered `lox.tap` of the same function delivers.
@@ -12,6 +13,7 @@ from logs_testing import assert_logs_equal, logs_of_events
 from logs_testing import tapped as shared_tapped
 
 import lox
+from lox_core.logdict import every
 
 
 @pytest.fixture(autouse=True)
@@ -484,4 +486,4 @@ def test_keys_outside_a_vmapped_inner_loop_are_padded_by_count():
     assert list(means) == ["outer", "inner"]  # the keys keep their order
     np.testing.assert_allclose(means["outer"], [4.0])
     np.testing.assert_allclose(means["inner"], [[0.0, 7.0 / 8.0]])
-    assert list(logs._every(2)) == ["outer", "inner"]
+    assert list(every(logs, 2)) == ["outer", "inner"]  # `lox.spool`'s interval

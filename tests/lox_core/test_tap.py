@@ -1,4 +1,5 @@
-"""`lox.tap`: one callback per event, in execution order, adding up to the spooled logs."""
+"""`lox.tap`: one callback per event, in execution order, adding up to the spooled logs
+(host calls through `lox_core/host.py`, delivered by `lox_core/delivery.py`)."""
 
 import jax
 import jax.numpy as jnp

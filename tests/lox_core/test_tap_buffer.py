@@ -1,4 +1,5 @@
-"""`lox.tap(f, callback, buffer=K)`: events kept on device, delivered K at a time, none lost or repeated."""
+"""`lox.tap(f, callback, buffer=K)`: events kept on device, delivered K at a time, none lost or repeated
+(`TapBuffer`, `lox_core/buffer.py`; the blocks as `lox_core/delivery.py` hands them over)."""
 
 import jax
 import jax.numpy as jnp

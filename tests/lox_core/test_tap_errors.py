@@ -1,7 +1,8 @@
 """A tap callback that raises: its own exception, raised where lox gets control
 back (the eager call, `jax.effects_barrier()`, a logger call), never XLA's
 "CpuCallback error"; nothing delivered after it until then; printed at exit
-if nothing raised it. (Multi-process jobs: tests/test_multiprocess.py.)"""
+if nothing raised it (`lox_core/failures.py`). (Multi-process jobs:
+tests/lox_backends/logger/test_multiprocess.py.)"""
 
 import os
 import pathlib
