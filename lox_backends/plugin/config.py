@@ -11,10 +11,11 @@ The target runs up to the first ``?``; option values are URL-decoded. Secrets
 (a password in a URL, options such as ``token`` or ``api_key``) are never shown:
 `BackendConfig`'s repr and every error message mask them.
 
-Backends declare their options as `Option`s and read them with
-`check_options`, which types and range-checks every value when the backend is
-created, so a mistake is refused where it is made, naming the backend, the
-option and what is allowed (and suggesting a close name for an unknown one).
+Backends declare their options as `Option`s (a backend's `OPTIONS`, see
+`lox_backends.plugin.hooks.Backend`); `check_options` types and range-checks
+every value when the backend is created, so a mistake is refused where it is
+made, naming the backend, the option and what is allowed (and suggesting a
+close name for an unknown one).
 """
 
 from __future__ import annotations
@@ -220,7 +221,9 @@ def check_options(
     """The `options` of `backend` checked against its `specs` and typed, with the
     defaults of the options not given. Raises `ValueError` naming the backend,
     the option, the value and what is allowed; for an unknown option, the close
-    names and the options there are. `example` is a config string that works.
+    names and the options there are. `example` is a config string that works
+    (shown in the messages; none when empty). `hooks.Backend.__init__` calls it
+    with the backend's `OPTIONS` and `EXAMPLE`.
 
     >>> check_options("demo", {"every": "5"}, {"every": Option("seconds", "float", 1.0, minimum=0)}, "demo?every=5")
     {'every': 5.0}
@@ -229,6 +232,7 @@ def check_options(
     ...
     ValueError: the demo backend has no option 'evrey'; did you mean 'every'? Its options are: every (s). E.g. 'demo'.
     """
+    shown_example = f" E.g. {example!r}." if example else ""
     for name in options:
         if name not in specs:
             close = difflib.get_close_matches(name, list(specs), n=1, cutoff=0.6)
@@ -236,13 +240,11 @@ def check_options(
             if close:
                 raise ValueError(
                     f"the {backend} backend has no option {name!r}; did you mean {close[0]!r}? "
-                    f"Its options are: {listed}. E.g. {example!r}."
+                    f"Its options are: {listed}.{shown_example}"
                 )
             if not specs:
-                raise ValueError(f"the {backend} backend has no options (got {name!r}). E.g. {example!r}.")
-            raise ValueError(
-                f"the {backend} backend has no option {name!r}; its options are: {listed}. E.g. {example!r}."
-            )
+                raise ValueError(f"the {backend} backend has no options (got {name!r}).{shown_example}")
+            raise ValueError(f"the {backend} backend has no option {name!r}; its options are: {listed}.{shown_example}")
     typed = {name: spec.default for name, spec in specs.items()}
     for name, value in options.items():
         try:
@@ -251,7 +253,7 @@ def check_options(
             shown = "*" * len(value) if _SECRET_OPTION.search(name) else value
             raise ValueError(
                 f"the {backend} backend's option {name}={shown!r} is refused: {e} "
-                f"({specs[name].help}). E.g. {example!r}."
+                f"({specs[name].help}).{shown_example}"
             ) from None
     return typed
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import re
 from collections.abc import Mapping
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pluggy
 import pyarrow as pa
 
-from lox_backends.plugin.config import Option, check_options
+from lox_backends.plugin.config import ConfigError, Option, check_options, parse
 
 PROJECT = "lox"  # the pluggy project name and the entry-point group
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -72,10 +71,12 @@ class Backend:
 
     A backend declares its options once, as `OPTIONS` (name → `Option`), with
     `EXAMPLE`, a config string that uses them (its name names the backend in
-    messages). `__init__` checks the options given against them, once, and
-    keeps the typed values, with the defaults of those not given, in
-    `settings`: an unknown option (with the close name, for a typo) or a value
-    of the wrong type or range is refused there, where the Logger is made.
+    messages; without one, the class name does). `__init__` checks the options
+    given against them, once, and keeps the typed values, with the defaults of
+    those not given, in `settings`: an unknown option (with the close name, for
+    a typo) or a value of the wrong type or range is refused there, where the
+    Logger is made. A subclass adds to its parent's options with
+    ``OPTIONS = {..., **Parent.OPTIONS}``.
 
     >>> from lox_backends.plugin.config import Option
     >>> class Every(Backend):
@@ -87,17 +88,39 @@ class Backend:
     Traceback (most recent call last):
     ...
     ValueError: the every backend has no option 'evry'; did you mean 'every'? Its options are: every (...
+
+    Names that earlier lox releases used (``write_batch``, ``write_event``,
+    ``options_help``, ``check_options``...) are refused where a subclass
+    defines them, with a `TypeError` that says what to implement instead.
     """
 
     OPTIONS: ClassVar[Mapping[str, Option]] = {}
     EXAMPLE: ClassVar[str] = ""
     config: str | None = None  # the config string it was made from (set by lox, secrets masked): names it in messages
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _refuse_old_names(cls)
+        _check_declaration(cls)
+
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         self.target = target
         self.options = dict(options or {})
-        name = re.split(r"[:?]", self.EXAMPLE, maxsplit=1)[0] or type(self).__name__
-        self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE or name)
+        name = parse(self.EXAMPLE)[0].name if self.EXAMPLE else type(self).__name__
+        self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE)
+
+    if not TYPE_CHECKING:  # (hidden from type checkers, which would then accept any attribute)
+
+        def __getattr__(self, name: str) -> Any:
+            # Called only for attributes that do not exist: a backend written for an earlier
+            # lox (`self.check_options(...)` in its __init__) learns what replaced the name.
+            if name in _RENAMED:
+                raise AttributeError(
+                    f"lox backend {_named(type(self))} uses `{name}`, which lox no longer has: "
+                    f"{_instead(type(self), name)}. See plugins.md.",
+                    name=name, obj=self,
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     def attach(self, backends: list[Backend]) -> None:
         """Called once, in the user's thread, when a Logger takes this backend,
@@ -128,29 +151,79 @@ class Backend:
         need it."""
 
 
-# What earlier lox releases called things, and what a backend implements instead.
+# What earlier lox releases called things: old name → (the name that replaced it, what to do).
+_WRITE_TABLES = ("implement `write(self, run, table)`, which receives spooled batches and tapped events alike as "
+                 "Arrow tables (`lox.logdict.from_arrow(table)` gives a logdict back)")
+_DECLARE_OPTIONS = ("declare `OPTIONS = {{name: Option(help, ...){inherited}}}` (lox_backends.plugin.config.Option) "
+                    "and `EXAMPLE`, a config string that uses them: `Backend.__init__` checks the options given "
+                    "and keeps their values in `self.settings`")
 _RENAMED = {
-    "write_batch": "`write(self, run, table)` (the same arguments)",
-    "write_event": "`write(self, run, table)`, which receives tapped events as Arrow tables too "
-                   "(`lox.logdict.from_arrow(table)` gives a logdict back)",
-    "write_events": "`write(self, run, table)`, which receives tapped events as Arrow tables too "
-                    "(`lox.logdict.from_arrow(table)` gives a logdict back)",
-    "options_help": "`OPTIONS = {name: Option(help)}` (lox_backends.plugin.config.Option) and `EXAMPLE`",
-    "option_specs": "`OPTIONS = {name: Option(...)}` and `EXAMPLE`",
-    "check_options": "`OPTIONS = {name: Option(...)}` and `EXAMPLE`: `Backend.__init__` checks them and sets "
-                     "`self.settings`",
+    "write_batch": ("write", "implement `write(self, run, table)` (the same arguments)"),
+    "write_event": ("write", _WRITE_TABLES),
+    "write_events": ("write", _WRITE_TABLES),
+    "options_help": ("OPTIONS", _DECLARE_OPTIONS),
+    "option_specs": ("OPTIONS", _DECLARE_OPTIONS),
+    "check_options": ("OPTIONS", _DECLARE_OPTIONS),
+    "example": ("EXAMPLE", "name it `EXAMPLE` (a config string that uses the backend's options)"),
 }
+
+
+def _named(cls: type) -> str:
+    """The class as messages name it: its qualified name, without the function it was defined in."""
+    return cls.__qualname__.rpartition("<locals>.")[2]
+
+
+def _instead(cls: type, old: str) -> str:
+    """What a backend written for an earlier lox does instead of using `old`."""
+    parent = next((c for c in cls.__mro__[1:] if c is not Backend and c.__dict__.get("OPTIONS")), None)
+    return _RENAMED[old][1].format(inherited=f", **{parent.__name__}.OPTIONS" if parent is not None else "")
 
 
 def _refuse_old_names(cls: type) -> None:
     """A backend written for an earlier lox fails where it is defined, saying
-    what to implement, rather than never being called."""
-    for name, instead in _RENAMED.items():
-        if any(name in vars(c) for c in cls.__mro__ if c is not Backend and c is not object):
+    what to implement, rather than never being called. A name counts where a
+    class defines it below the class that defines its replacement (a class
+    that defines both, to work with older lox releases too, is fine)."""
+    mro = [c for c in cls.__mro__ if c is not Backend and c is not object]
+
+    def position(name: str) -> int:
+        return next((i for i, c in enumerate(mro) if name in vars(c)), len(mro))
+
+    for old, (new, _) in _RENAMED.items():
+        if position(old) < position(new):
             raise TypeError(
-                f"lox backend {cls.__qualname__} defines `{name}`, which lox no longer uses: implement {instead}. "
-                "See plugins.md."
+                f"lox backend {_named(cls)} defines `{old}`, which lox no longer uses: "
+                f"{_instead(cls, old)}. See plugins.md."
             )
+
+
+def _check_declaration(cls: type[Backend]) -> None:
+    """`OPTIONS` maps names to `Option`s; `EXAMPLE` is a config string of one
+    backend that uses only those options (its name names the backend in messages)."""
+    name, options, example = _named(cls), cls.OPTIONS, cls.EXAMPLE
+    mapping = isinstance(options, Mapping)
+    wrong = {k: v for k, v in options.items() if not isinstance(v, Option)} if mapping else options
+    if not mapping or wrong:
+        raise TypeError(
+            f"lox backend {name}'s OPTIONS maps each option's name to a lox_backends.plugin.config.Option, "
+            f"got {wrong!r}; e.g. OPTIONS = {{'every': Option('write every n-th batch', 'int', 1, minimum=1)}}."
+        )
+    if not isinstance(example, str):
+        raise TypeError(f"lox backend {name}'s EXAMPLE is a config string, got {example!r}.")
+    if not example:
+        return
+    try:
+        configs = parse(example)
+    except ConfigError as error:
+        raise TypeError(f"lox backend {name}'s EXAMPLE is not a config string: {error}") from None
+    if len(configs) != 1:
+        raise TypeError(f"lox backend {name}'s EXAMPLE {example!r} names {len(configs)} backends, not one.")
+    unknown = [option for option in configs[0].options if option not in options]
+    if unknown:
+        raise TypeError(
+            f"lox backend {name}'s EXAMPLE {example!r} uses {', '.join(map(repr, unknown))}, "
+            "which its OPTIONS does not declare."
+        )
 
 
 def check_backend(backend: Backend) -> None:

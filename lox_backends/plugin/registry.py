@@ -1,8 +1,13 @@
 """Finding backends: pluggy plugins declared through the entry-point group ``lox``.
 
 Plugins load lazily, the first time a backend is looked up (never at
-``import lox``). ``LOX_DISABLE_PLUGIN_AUTOLOAD=1`` loads only lox's own
-plugins. Two packages that claim one backend name make that name an error
+``import lox``). lox's own backends are plugins of its package, ``jax-lox``,
+declared in its ``pyproject.toml`` and found like any other: a lox that runs
+from a source tree without being installed finds none, and says to install it
+(`NotInstalled`). ``LOX_DISABLE_PLUGIN_AUTOLOAD=1`` loads only lox's own
+plugins. The hook is called through pluggy, one plugin at a time: a plugin
+that fails to load, or whose hook raises, is skipped with a warning and the
+others work. Two packages that claim one backend name make that name an error
 that names both packages.
 """
 
@@ -12,8 +17,10 @@ import dataclasses
 import difflib
 import importlib.metadata
 import os
+import pathlib
 import threading
 import warnings
+from collections.abc import Iterable
 
 import pluggy
 
@@ -21,14 +28,11 @@ from lox_backends.plugin import hooks
 from lox_backends.plugin.config import BACKEND_NAME, BackendConfig, mask_secrets
 
 OWN_DISTRIBUTION = "jax-lox"
-# lox's own plugins, used only when lox runs from a source tree without being
-# installed (then there are no entry points); an installed lox finds them
-# through its entry points like any third-party plugin.
-_OWN_PLUGINS = {
-    "console": "lox_backends.console",
-    "parquet": "lox_backends.parquet",
-    "memory": "lox_backends.memory",
-}
+
+
+class NotInstalled(RuntimeError):
+    """lox runs from a source tree without being installed: its own backends,
+    entry points of the ``jax-lox`` package, cannot be found."""
 
 
 class BackendNotFound(LookupError):
@@ -62,6 +66,7 @@ class Registry:
         self._lock = threading.RLock()  # re-entered only to report a plugin that recurses
         self._discovering = False
         self._offers: dict[str, list[Offer]] | None = None
+        self._failed: list[str] = []  # the plugins skipped, for `lookup`'s message
         self.plugin_manager = pluggy.PluginManager(hooks.PROJECT)
         self.plugin_manager.add_hookspecs(hooks.Hooks)
 
@@ -88,12 +93,17 @@ class Registry:
 
     def _discover(self) -> dict[str, list[Offer]]:
         autoload = os.environ.get("LOX_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in ("1", "true", "yes")
+        entry_points = [
+            (ep, ep.dist.name if ep.dist is not None else "<unknown package>")
+            for ep in importlib.metadata.entry_points(group=hooks.PROJECT)
+        ]
+        if not any(_own_package(package) for _, package in entry_points):
+            raise NotInstalled(_not_installed_message())
+        self._failed = []
         packages: dict[str, str] = {}  # pluggy plugin name → distribution
         seen = set()
-        for ep in importlib.metadata.entry_points(group=hooks.PROJECT):
-            package = ep.dist.name if ep.dist is not None else "<unknown package>"
-            own = _normalise(package) == OWN_DISTRIBUTION
-            if (not autoload and not own) or (package, ep.value) in seen:
+        for ep, package in entry_points:
+            if (not autoload and not _own_package(package)) or (package, ep.value) in seen:
                 continue
             seen.add((package, ep.value))
             plugin_name = f"{package}:{ep.name}"
@@ -102,29 +112,42 @@ class Registry:
             try:
                 plugin = ep.load()
             except Exception as error:  # noqa: BLE001 - one broken plugin must not take the others down
-                _skip(ep.name, package, error)
+                self._skip(ep.name, package, error)
                 continue
             try:
                 self.plugin_manager.register(plugin, name=plugin_name)
             except Exception as error:  # noqa: BLE001 - e.g. a hook with a wrong signature
-                _skip(ep.name, package, error)
+                self._skip(ep.name, package, error)
                 continue
             packages[plugin_name] = package
-        if not any(_normalise(p) == OWN_DISTRIBUTION for p in packages.values()):
-            for name, module in _OWN_PLUGINS.items():
-                plugin_name = f"{OWN_DISTRIBUTION}:{name}"
-                if not self.plugin_manager.has_plugin(plugin_name):
-                    self.plugin_manager.register(importlib.import_module(module), name=plugin_name)
-                packages[plugin_name] = OWN_DISTRIBUTION
         offers: dict[str, list[Offer]] = {}
-        for impl in self.plugin_manager.hook.lox_backends.get_hookimpls():
-            package = packages.get(impl.plugin_name, impl.plugin_name)
+        for plugin_name, plugin in self.plugin_manager.list_name_plugin():
+            if plugin is None:  # a name blocked in the plugin manager
+                continue
+            package = packages.get(plugin_name, plugin_name)
             try:
-                _add_offers(offers, impl, package)
+                _add_offers(offers, self._call_hook(plugin_name), plugin_name, package)
             except Exception as error:  # noqa: BLE001 - a hook that raises or returns nonsense
-                self.plugin_manager.unregister(name=impl.plugin_name)
-                _skip(impl.plugin_name.partition(":")[2] or impl.plugin_name, package, error)
+                self.plugin_manager.unregister(name=plugin_name)
+                self._skip(plugin_name.partition(":")[2] or plugin_name, package, error)
         return dict(sorted(offers.items()))
+
+    def _call_hook(self, plugin_name: str) -> list:
+        """What the `lox_backends` hook of one plugin returns, called through
+        pluggy with that plugin alone (so that one raising costs only its own)."""
+        plugin = self.plugin_manager.get_plugin(plugin_name)
+        others = [p for p in self.plugin_manager.get_plugins() if p is not plugin]
+        return self.plugin_manager.subset_hook_caller("lox_backends", remove_plugins=others)()
+
+    def _skip(self, plugin: str, package: str, error: Exception) -> None:
+        """Warn that a plugin is skipped, and remember it for `lookup`'s message."""
+        self._failed.append(f"the plugin {plugin!r} of package {package} ({error!r})")
+        warnings.warn(
+            f"lox: the plugin {plugin!r} of package {package} failed to load and is skipped: {error!r}. "
+            f"Reinstall or uninstall {package}, or tell its author.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def register(self, plugin, name: str | None = None) -> None:
         """Register a plugin object directly (for code that is not installed as a
@@ -132,9 +155,13 @@ class Registry:
         offers = self._load()
         with self._lock:
             plugin_name = self.plugin_manager.register(plugin, name=name)
-            for impl in self.plugin_manager.hook.lox_backends.get_hookimpls():
-                if impl.plugin_name == plugin_name:
-                    _add_offers(offers, impl, f"<registered {plugin_name}>")
+            if plugin_name is None:  # blocked in the plugin manager
+                return
+            try:
+                _add_offers(offers, self._call_hook(plugin_name), plugin_name, f"<registered {plugin_name}>")
+            except BaseException:
+                self.plugin_manager.unregister(name=plugin_name)  # so that a fixed one can be registered again
+                raise
 
     def offers(self) -> dict[str, list[Offer]]:
         """Every backend name with the packages that offer it."""
@@ -149,10 +176,11 @@ class Registry:
             known = ", ".join(_listed(known, offered) for known, offered in offers.items()) or "none"
             close = difflib.get_close_matches(name, offers, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
+            failed = f" Skipped, as they failed to load: {'; '.join(self._failed)}." if self._failed else ""
             raise BackendNotFound(
                 f"unknown lox backend {name!r}{where}.{hint} Installed backends: {known}. "
                 "Run `lox backends` to list them with their packages; a third-party backend is "
-                "found once its package is installed."
+                f"found once its package is installed.{failed}"
             )
         if len(found) > 1:
             packages = " and ".join(sorted(o.package for o in found))
@@ -189,27 +217,42 @@ def _listed(name: str, offers: list[Offer]) -> str:
     return f"{name} (needs: {missing[0].install_hint()})" if len(missing) == len(offers) else name
 
 
-def _skip(plugin: str, package: str, error: Exception) -> None:
-    warnings.warn(
-        f"lox: the plugin {plugin!r} of package {package} failed to load and is skipped: {error!r}. "
-        f"Reinstall or uninstall {package}, or tell its author.",
-        RuntimeWarning,
-        stacklevel=4,
+def _own_package(package: str) -> bool:
+    """Whether `package` (a distribution name) is lox's own."""
+    return _normalise(package) == OWN_DISTRIBUTION
+
+
+def _not_installed_message() -> str:
+    """What to do when no entry point of lox's own package is found."""
+    source = pathlib.Path(__file__).resolve().parents[2]
+    return (
+        f"lox finds its own backends (console, parquet, ...) like any plugin, through the entry points of its "
+        f"package, {OWN_DISTRIBUTION}, and none are installed: this lox runs from a source tree ({source}) "
+        f"without being installed (or was installed before its backends were plugins). Install it: "
+        f"`pip install -e .` in {source}."
     )
 
 
-def _add_offers(offers: dict[str, list[Offer]], impl, package: str) -> None:
-    """Validate everything the hook returns before adding any of it."""
-    specs = list(impl.function() or ())
+def _add_offers(offers: dict[str, list[Offer]], results: list, plugin_name: str, package: str) -> None:
+    """Validate everything a plugin's hook returned (`results`: pluggy's list of
+    its one return value, empty for None) before adding any of it."""
+    specs = []
+    for result in results:
+        if isinstance(result, (str, bytes, hooks.BackendSpec)) or not isinstance(result, Iterable):
+            raise TypeError(
+                f"the lox plugin {plugin_name!r} (package {package}) returned {result!r} from lox_backends(); "
+                "return a list of lox_backends.hooks.BackendSpec."
+            )
+        specs.extend(result)
     for spec in specs:
         if not isinstance(spec, hooks.BackendSpec):
             raise TypeError(
-                f"the lox plugin {impl.plugin_name!r} (package {package}) returned {spec!r} from "
+                f"the lox plugin {plugin_name!r} (package {package}) returned {spec!r} from "
                 "lox_backends(); return a list of lox_backends.hooks.BackendSpec."
             )
         if not BACKEND_NAME.fullmatch(spec.name):
             raise ValueError(
-                f"the lox plugin {impl.plugin_name!r} (package {package}) offers a backend named {spec.name!r}, "
+                f"the lox plugin {plugin_name!r} (package {package}) offers a backend named {spec.name!r}, "
                 "which no config string can name: use letters, digits, '_', '.' and '-', starting with a letter."
             )
     for spec in specs:

@@ -1,8 +1,10 @@
 """The boundary between a Logger and its backends: one `write` method, a thread per
-backend (a hanging or failing plugin never costs another backend its data), backends
-written for the older contract, and an import graph without cycles."""
+backend (a hanging or failing plugin never costs another backend its data), and an
+import graph without cycles. The contract itself (options, names of earlier releases)
+is tested in test_hooks.py."""
 
 import ast
+import functools
 import pathlib
 import threading
 import time
@@ -15,11 +17,10 @@ import pytest
 from logs_testing import assert_logs_equal
 
 import lox
+from lox_backends import hooks
 from lox_backends.logger import worker
 from lox_backends.logger.logger import BackendError, Logger
 from lox_backends.memory import MemoryBackend
-from lox_backends.parquet import ParquetBackend
-from lox_backends.plugin import hooks
 from lox_backends.plugin.registry import registry
 from lox_core.logdict import concat
 
@@ -123,46 +124,26 @@ def test_a_hanging_backend_holding_max_pending_stops_the_logger_at_its_next_call
     assert memory.logs()["x"].size % 100 == 0 and memory.logs()["x"].size >= 200  # nothing accepted was lost
 
 
-def test_a_backend_written_for_write_batch_keeps_working_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"Old implements `write_batch`.*rename the method"):
-
-        class Old(hooks.Backend):
-            def __init__(self):
-                super().__init__()
-                self.tables = []
-
-            def write_batch(self, run, table):
-                self.tables.append(table)
-
-    backend = Old()
-    logger = Logger([backend])
-    state = logger.init()
-    xs = jnp.linspace(0.1, 1.0, 3)
-    logger.spool(train, state)(0.5, xs)
-    logger.tap(train, state)(0.5, xs, 3)  # tapped events arrive as tables too
-    logger.finish(state)
-    got = lox.logdict.from_arrow(backend.tables[0])
-    assert_logs_equal(got, lox.spool(train)(0.5, xs)[1], rtol=1e-6)
-    assert len(backend.tables) >= 2
-
-
-def test_a_backend_that_only_takes_logdict_events_is_refused_naming_the_method_to_write():
-    class EventsOnly(hooks.Backend):
-        def write_event(self, run, event):
-            pass
-
-    with pytest.raises(TypeError, match=r"EventsOnly implements `write_event`.*implement `write\(self, run, table\)`"):
-        Logger([EventsOnly()])
-    with pytest.raises(TypeError, match=r"takes backends \(subclasses of lox_backends.plugin.hooks.Backend\), got str"):
+def test_a_logger_refuses_what_is_not_a_backend_naming_the_class_to_subclass():
+    with pytest.raises(TypeError, match=r"^a lox Logger takes backends \(subclasses of lox_backends\.hooks\.Backend\), "
+                                        r"got str\.$"):
         Logger(["parquet"])
 
 
 # --- the import graph -------------------------------------------------------------------------------
-def _modules():
+@functools.cache
+def _parsed():
+    modules = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            yield name, ast.parse(path.read_text(encoding="utf-8"))
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(path.read_text("utf-8"))
+    return modules
+
+
+def _modules():
+    """Every module of the packages, subpackages included: (dotted name, syntax tree)."""
+    return _parsed().items()
 
 
 def _imported(node, module):
@@ -174,15 +155,20 @@ def _imported(node, module):
 
 
 def _project_imports(tree, module, top_level):
-    """Project modules imported at module level (`top_level`) or inside functions."""
+    """Project modules imported at module level (`top_level`) or inside functions; a
+    module's own `__getattr__` (a lazy attribute, loaded on first use) and an
+    ``if TYPE_CHECKING:`` block (never run) count as neither."""
     found = set()
     functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     nested = {id(n) for f in functions for n in ast.walk(f) if n is not f}
+    lazy = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__" for n in ast.walk(f)}
+    typing_only = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+    lazy |= {id(n) for block in typing_only for statement in block.body for n in ast.walk(statement)}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and (id(node) in nested) != top_level:
+        imports = isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in lazy
+        if imports and (id(node) in nested) != top_level:
             found.update(n for n in _imported(node, module) if n.split(".")[0] in PACKAGES)
-    known = dict(_modules())
-    return {n for n in found if n in known}
+    return {n for n in found if n in _parsed()}
 
 
 def test_the_module_level_imports_of_lox_have_no_cycle():
@@ -252,38 +238,3 @@ def test_a_vmapped_state_logged_under_jit_without_vmap_reaches_each_run():
         jax.jit(lambda s: logger.log(s, lox.logdict({"w": jnp.zeros(1)})))(states)  # refused at the call
     logger.finish(states)
     assert [backend.logs(run.run_id)["w"].tolist() for run in logger.runs()] == [[0.0], [1.0], [2.0]]
-
-
-def test_a_subclass_of_a_builtin_backend_written_for_write_batch_still_writes(tmp_path):
-    with pytest.warns(DeprecationWarning, match="Tagged implements `write_batch`"):
-
-        class Tagged(ParquetBackend):  # as written for lox 0.1
-            def write_batch(self, run, table):
-                self.rows = getattr(self, "rows", 0) + table.num_rows
-                super().write_batch(run, table)
-
-    backend = Tagged(str(tmp_path))
-    logger = Logger([backend])
-    state = logger.init(name="tagged")
-    logger.log(state, lox.logdict({"x": np.arange(4.0)}, {"step": {"x": np.arange(4)}}))
-    logger.finish(state)
-    assert backend.rows == 4 and lox.load(tmp_path / state_run_id(logger))["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
-
-
-def state_run_id(logger):
-    (run,) = logger.runs()
-    return run.run_id
-
-
-def test_a_plugins_check_options_refuses_unknown_options_naming_the_close_one():
-    class Mine(hooks.Backend):
-        def __init__(self, target=None, options=None):
-            super().__init__(target, options)
-            self.check_options("mine", {"every": "write every n-th batch"}, "mine:runs?every=10")
-
-    Mine("runs", {"every": "10"})
-    with pytest.raises(ValueError, match=r"^the mine backend has no option 'evry'; did you mean 'every'\? Its options "
-                                         r"are: every \(write every n-th batch\)\. E\.g\. 'mine:runs\?every=10'\.$"):
-        Mine("runs", {"evry": "10"})
-    with pytest.raises(ValueError, match=r"^the mine backend has no option 'colour'; its options are: every "):
-        Mine("runs", {"colour": "red"})

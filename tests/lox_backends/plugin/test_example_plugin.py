@@ -1,6 +1,8 @@
 """The example third-party plugin of plugins.md (tests/support/plugins/lox-jsonl), installed
-like any plugin: found through its entry point, and writing what was logged."""
+like any plugin: found through its entry point, and writing what was logged; and the
+backend plugins.md builds method by method, and its tracker, as the page shows them."""
 
+import doctest
 import importlib.metadata
 import json
 import os
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 import lox
+from lox_backends.logger.logger import Logger
 from lox_backends.plugin.registry import registry
 from lox_core.logdict import concat
 
@@ -163,9 +166,31 @@ def test_a_key_never_becomes_a_path(tmp_path):
     assert values == {k: [1.0] for k in keys}
 
 
-def test_options_are_refused_when_the_logger_is_created(tmp_path):
-    with pytest.raises(ValueError, match="the jsonl backend has no options"):
+def test_arrays_0_writes_scalars_only(tmp_path):
+    logger = lox.loggers.from_config(f"jsonl:{tmp_path}?arrays=0")
+    assert logger.backends[0].settings == {"arrays": False}
+    state = logger.init()
+    steps = {"step": {"loss": np.arange(2), "w": np.arange(2)}}
+    logger.log(state, lox.logdict({"loss": np.array([0.5, 0.25]), "w": np.ones((2, 3))}, steps))
+    logger.finish(state)
+    (path,) = tmp_path.iterdir()
+    _, values, _ = read_run(path)
+    assert values == {"loss": [0.5, 0.25]}
+
+
+def test_options_are_checked_when_the_logger_is_created(tmp_path):
+    listed = ("arrays (write array-valued events too (0: scalars only): 1, true, yes, on or 0, false, no, off; "
+              "default 1)")
+    with pytest.raises(ValueError, match=re.escape(f"the jsonl backend has no option 'indent'; its options are: "
+                                                   f"{listed}. E.g. 'jsonl:logs?arrays=0'.")):
         lox.loggers.from_config(f"jsonl:{tmp_path}?indent=2")
+    with pytest.raises(ValueError, match=re.escape("the jsonl backend has no option 'array'; did you mean 'arrays'?")):
+        lox.loggers.from_config(f"jsonl:{tmp_path}?array=0")
+    with pytest.raises(ValueError, match=re.escape("the jsonl backend's option arrays='some' is refused: it must be "
+                                                   "1, true, yes, on or 0, false, no, off (write array-valued events "
+                                                   "too (0: scalars only)). E.g. 'jsonl:logs?arrays=0'.")):
+        lox.loggers.from_config(f"jsonl:{tmp_path}?arrays=some")
+    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def fenced_blocks(text):
@@ -195,3 +220,56 @@ def test_lox_backends_lists_the_plugin_with_its_package():
 
     assert backends()["jsonl"] == ["lox-jsonl", "yes"]
     assert "jsonl" not in backends(LOX_DISABLE_PLUGIN_AUTOLOAD="1")  # only lox's own
+
+
+# --- the backend of "The backend: hooks.Backend", and the tracker, as plugins.md shows them -------
+def section(text, title):
+    """The part of a Markdown text under the ``## `` heading that starts with `title`."""
+    start = text.index(f"\n## {title}")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def code_blocks(text, lang):
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, re.S | re.M)
+
+
+def test_the_backend_plugins_md_builds_method_by_method_runs(tmp_path):
+    text = section((ROOT / "plugins.md").read_text(encoding="utf-8"), "The backend")
+    header, *methods = code_blocks(text, "python")
+    assert header.rstrip().endswith("    ...") and all(m.startswith("    ") for m in methods)
+    namespace = {"__name__": "plugins_md"}
+    exec(header.replace("    ...\n", "\n".join(methods)), namespace)  # noqa: S102 - the page's own code
+    backend_class = namespace["MyBackend"]
+
+    # What the page shows of its options.
+    (shown,) = code_blocks(text, "pycon")
+    test = doctest.DocTestParser().get_doctest(shown, {"MyBackend": backend_class}, "plugins.md", "plugins.md", 0)
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+    assert (result.failed, result.attempted) == (0, 2), "plugins.md shows other messages than MyBackend gives"
+
+    # It writes the scalars of every n-th table to a file per run.
+    backend = backend_class(str(tmp_path), {"every": "2"})
+    assert backend.settings == {"every": 2}
+    logger = Logger([backend])
+    state = logger.init(name="mine", lr=0.5)
+    for step in range(4):
+        logs = lox.logdict({"loss": np.array([step / 2]), "w": np.ones((1, 2))}, {"step": {"loss": np.array([step]),
+                                                                                           "w": np.array([step])}})
+        logger.log(state, logs)
+        logger.flush()  # one table each
+    logger.finish(state)
+    (run,) = logger.runs()
+    lines = (tmp_path / f"{run.run_id}.txt").read_text().splitlines()
+    assert lines[0] == f"{run.name}: run 0 of group {run.group}, config {run.metadata}" and run.metadata["lr"] == 0.5
+    assert lines[1:] == ["loss {'step': 1} 0.5", "loss {'step': 3} 1.5"]
+    with pytest.raises(ValueError, match=r"two mine backends write to"):
+        Logger([backend_class(str(tmp_path)), backend_class(str(tmp_path))])
+
+
+def test_the_tracker_plugins_md_shows_is_a_valid_backend_class():
+    text = section((ROOT / "plugins.md").read_text(encoding="utf-8"), "A plugin for a tracker")
+    (code,) = code_blocks(text, "python")
+    namespace = {"__name__": "plugins_md"}
+    exec(code, namespace)  # noqa: S102 - defines the class: OPTIONS and EXAMPLE are checked there
+    tracker = namespace["MyTracker"]
+    assert set(tracker.OPTIONS) == {"project", "local"} and tracker.EXAMPLE.startswith(f"{tracker.tracker}:")

@@ -2,25 +2,52 @@
 
 import importlib.metadata
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 import pytest
 
 import lox
-from lox_backends.plugin import hooks
+from lox_backends import hooks
 from lox_backends.plugin.config import BackendConfig
-from lox_backends.plugin.registry import BackendNotFound, BackendUnavailable, Registry, registry
+from lox_backends.plugin.registry import BackendNotFound, BackendUnavailable, NotInstalled, Registry, registry
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
-def test_builtin_backends_are_entry_points_of_our_own_package():
+def test_builtin_backends_are_the_entry_points_pyproject_declares():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["entry-points"]["lox"]
+    assert sorted(declared) == ["console", "memory", "mlflow", "neptune", "parquet", "tensorboard", "wandb"]
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="lox") if ep.dist.name == "jax-lox"}
-    names = ("console", "parquet", "memory", "mlflow", "wandb", "neptune", "tensorboard")
-    assert ours == {name: f"lox_backends.{name}" for name in names}
+    assert ours == declared  # the installed metadata is that of this source tree
     offers = registry.offers()
-    for name in names:
+    for name in declared:
         assert [o.package for o in offers[name]] == ["jax-lox"]
+
+
+def test_lox_run_from_a_source_tree_without_being_installed_says_to_install_it(monkeypatch):
+    """Without jax-lox's entry points (lox imported from a source folder on sys.path), no
+    backend can be found, lox's own included: every lookup says what to run."""
+    found = importlib.metadata.entry_points(group="lox")
+    others = importlib.metadata.EntryPoints(ep for ep in found if ep.dist.name != "jax-lox")
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kwargs: others)
+    fresh = Registry()
+    message = (
+        "lox finds its own backends (console, parquet, ...) like any plugin, through the entry points of its "
+        f"package, jax-lox, and none are installed: this lox runs from a source tree ({ROOT}) without being "
+        f"installed (or was installed before its backends were plugins). Install it: `pip install -e .` in {ROOT}."
+    )
+    for lookup in (fresh.offers, lambda: fresh.lookup("memory"), lambda: fresh.create(BackendConfig("memory"))):
+        with pytest.raises(NotInstalled, match=f"^{re.escape(message)}$"):
+            lookup()
+    assert not fresh.loaded
+    monkeypatch.setenv("LOX_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.raises(NotInstalled):
+        fresh.lookup("memory")
 
 
 @pytest.mark.parametrize("tracker", ["mlflow", "wandb", "neptune", "tensorboard"])
@@ -92,7 +119,7 @@ def _install_fake_distribution(root, dist, module, backend_name):
     (root / f"{module}.py").write_text(
         textwrap.dedent(
             f"""
-            from lox_backends.plugin import hooks
+            from lox_backends import hooks
 
             @hooks.hookimpl
             def lox_backends():
@@ -151,6 +178,46 @@ def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning_naming_its_pack
     assert result.stdout.strip() == "still works"
     assert "the plugin 'lox_broken' of package lox-broken failed to load and is skipped" in result.stderr
     assert "ModuleNotFoundError" in result.stderr
+
+
+def test_a_plugin_written_for_an_earlier_lox_is_skipped_and_its_backend_says_why(tmp_path):
+    _install_fake_distribution(tmp_path, "lox-old", "lox_old", "old")
+    (tmp_path / "lox_old.py").write_text(
+        "from lox_backends import hooks\n"
+        "class OldBackend(hooks.Backend):\n"
+        "    def write_batch(self, run, table):\n"
+        "        pass\n"
+        "@hooks.hookimpl\n"
+        "def lox_backends():\n"
+        "    return [hooks.BackendSpec('old', OldBackend)]\n"
+    )
+    result = _run("import lox; lox.loggers.from_config('memory,old')", tmp_path)
+    why = ("lox backend OldBackend defines `write_batch`, which lox no longer uses: implement `write(self, run, "
+           "table)` (the same arguments). See plugins.md.")
+    assert f"RuntimeWarning: lox: the plugin 'lox_old' of package lox-old failed to load and is skipped: " \
+           f"TypeError('{why}')" in result.stderr
+    assert "BackendNotFound: unknown lox backend 'old' in 'old'." in result.stderr
+    assert result.stderr.rstrip().endswith(f"Skipped, as they failed to load: the plugin 'lox_old' of package "
+                                           f"lox-old (TypeError('{why}')).")
+
+
+def test_a_registered_plugin_that_fails_can_be_registered_again_once_fixed():
+    class Plugin:
+        specs = ["console"]
+
+        @hooks.hookimpl
+        def lox_backends(self):
+            return self.specs
+
+    fresh, plugin = Registry(), Plugin()
+    with pytest.raises(TypeError, match=r"'mine'.*returned 'console'"):
+        fresh.register(plugin, name="mine")
+    plugin.specs = [hooks.BackendSpec("mine", hooks.Backend)]
+    fresh.register(plugin, name="mine")
+    assert [o.package for o in fresh.offers()["mine"]] == ["<registered mine>"]
+    with pytest.raises(TypeError, match=r"returned BackendSpec\(name='one'.*return a list of"):
+        Registry().register(type("One", (), {"lox_backends": hooks.hookimpl(
+            lambda self: hooks.BackendSpec("one", hooks.Backend))})(), name="one")
 
 
 def test_a_backend_name_no_config_string_can_reach_is_refused():

@@ -10,7 +10,8 @@ the tables arrive (the rows of each table are ordered by step)::
 
 Scalars come from the table's float64 ``value``; arrays, 64-bit integers and
 complex numbers from its raw ``data`` (arrays as nested lists, complex numbers
-as strings). Keys are only ever written inside the files, never used in a path.
+as strings). ``jsonl:logs?arrays=0`` writes scalars only. Keys are only ever
+written inside the files, never used in a path.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ import ml_dtypes  # noqa: F401 - lets NumPy find bfloat16 & co. by name
 import numpy as np
 
 from lox_backends import hooks
+from lox_backends.plugin.config import Option
 from lox_core import schema
 
 
 class JsonlBackend(hooks.Backend):
     """Writes run R to ``TARGET/R.jsonl``; TARGET defaults to ``lox-jsonl``."""
 
+    OPTIONS = {"arrays": Option("write array-valued events too (0: scalars only)", "flag", True)}
+    EXAMPLE = "jsonl:logs?arrays=0"
+
     def __init__(self, target=None, options=None):
-        super().__init__(target, options)
-        if self.options:
-            raise ValueError(f"the jsonl backend has no options (got {sorted(self.options)}); use 'jsonl:FOLDER'.")
+        super().__init__(target, options)  # checks the options: self.settings["arrays"] is True or False
+        self.arrays = self.settings["arrays"]
         self.folder = os.path.abspath(target or "lox-jsonl")  # a later os.chdir changes nothing
         self.files = {}  # run_id -> the run's open file
 
@@ -44,6 +48,8 @@ class JsonlBackend(hooks.Backend):
         step_names = schema.step_names(table)
         file = self._file(run)
         for row in table.to_pylist():
+            if row["shape"] and not self.arrays:
+                continue
             record = {
                 "key": row["key"],
                 "steps": {name: row[name] for name in step_names if row[name] is not None},
