@@ -41,6 +41,8 @@ class MemoryBackend(hooks.Backend):
     ([0.0, 1.0, 2.0], {'run-0': True})
     """
 
+    EXAMPLE = "memory"  # no options; named so in messages
+
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         super().__init__(target, options)
         if target:
