@@ -885,7 +885,7 @@ def test_long_runs_of_equations_between_logs_match_hand_written():
 def test_spool_compiles_to_the_kernels_of_the_hand_written_scan():
     """Same kernels and copies as returning the values by hand: in particular the
     step array that the keys of an event share leaves the program once."""
-    from test_nolog import kernels
+    from logs_testing import kernels
 
     def logged(xs):
         def body(c, ix):

@@ -1,7 +1,9 @@
 """Helpers shared by the tests: small logdicts, one comparison of logs, a
-training loop with two step names, free ports and a process killed mid-run."""
+training loop with two step names, free ports, a process killed mid-run, and the
+kernels of a compiled program."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -127,3 +129,19 @@ def stop_group(process) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def kernels(compiled_text: str) -> list[str]:
+    """The sorted opcodes of an optimised HLO module outside fused computations:
+    the kernels, copies, loops and conditionals the program runs. (What XLA puts
+    inside one fusion runs as one kernel.)"""
+    ops, inside_fusion = [], False
+    for line in compiled_text.splitlines():
+        header = re.match(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{$", line)
+        if header:
+            inside_fusion = "fused" in header.group(2) or "wrapped" in header.group(2)
+            continue
+        op = re.search(r"=\s*[^\s=]+\s+([a-z][\w\-]*)\(", line)
+        if op and not inside_fusion and op.group(1) != "parameter":
+            ops.append(op.group(1))
+    return sorted(ops)
