@@ -1,4 +1,6 @@
-"""The Logger API: runs, vmapped seeds as separate runs, spool/tap/log, the background writer."""
+"""The Logger API: runs, vmapped seeds as separate runs, spool/tap/log, the background writer.
+
+Covers lox/loggers.py, the facade users make Loggers from."""
 
 import os
 import subprocess

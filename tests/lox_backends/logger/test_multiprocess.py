@@ -1,7 +1,9 @@
 """Multi-process jobs: real `jax.distributed` jobs of 2 processes (CPU, gloo
 collectives, 4 devices each) on 127.0.0.1, started from here with a deadline,
 compared with the same computation in one process of 8 devices
-(tests/support/multiprocess_job.py is one process of either)."""
+(tests/support/multiprocess_job.py is one process of either).
+
+Covers lox_backends/logger/processes.py, with test_process_death.py."""
 
 import json
 import os

@@ -1,5 +1,7 @@
 """`lox.wandb` and `lox.neptune`, the earlier lox's tracker names, with the real
-clients offline: what W&B's run files and Neptune's operation logs hold."""
+clients offline: what W&B's run files and Neptune's operation logs hold.
+
+Covers lox/wandb.py and lox/neptune.py over lox_backends/tools/aliases.py."""
 
 import jax
 import jax.numpy as jnp

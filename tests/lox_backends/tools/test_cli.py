@@ -1,5 +1,7 @@
 """The `lox` command: demo, plot, backends, sync's errors, --version, help (`lox runs` and `lox sync
---timeout`: test_tracker_status.py, test_sync_timeout.py)."""
+--timeout`: test_tracker_status.py, test_sync_timeout.py).
+
+Covers lox_backends/tools/demo.py and lox_backends/tools/plot.py through the command."""
 
 import importlib.metadata
 import os

@@ -1,6 +1,8 @@
 """Bad input is refused at the call, naming the option or key and what to pass
 (issue 27, point 8): Logger options, empty keys, `logger.init`'s key and its
-metadata; and float32 metadata is stored as the float32's shortest decimal."""
+metadata; and float32 metadata is stored as the float32's shortest decimal.
+
+Covers lox_backends/logger/metadata.py (what `logger.init` takes)."""
 
 import json
 import math
