@@ -259,7 +259,7 @@ def _script(tmp_path, body: str, stdout_closed: bool = False) -> subprocess.Comp
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
     command = [sys.executable, str(script)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "support")}
     if not stdout_closed:
         return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     read, write = os.pipe()
