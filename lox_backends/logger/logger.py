@@ -42,6 +42,7 @@ from lox_backends.plugin import hooks
 from lox_backends.plugin.config import BackendConfig, check_logger_options, parse, seconds
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
+from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_core import failures, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
@@ -51,7 +52,7 @@ from lox_core.transform import traced
 __all__ = ["BackendError", "Logger", "LoggerState", "from_config", "backend_logger", "ConsoleLogger",
            "SaveLogger", "MultiLogger", "DEFAULT_CONFIG"]
 
-DEFAULT_CONFIG = "parquet:lox-runs"
+DEFAULT_CONFIG = f"parquet:{DEFAULT_DIR}"
 DEFAULT_TIMEOUT = 60.0  # seconds `finish` and interpreter exit wait for the backends
 DEFAULT_FLUSH_EVERY = 5.0  # seconds between automatic flushes of the backends
 BATCHES_EVERY = 0.25  # seconds batches and tapped events wait to be sent together
@@ -802,7 +803,7 @@ def ConsoleLogger(**options: Any) -> Logger:  # noqa: N802 - the name users know
     return backend_logger("console", None, **options)
 
 
-def SaveLogger(path: str | os.PathLike[str] = "lox-runs", **options: Any) -> Logger:  # noqa: N802
+def SaveLogger(path: str | os.PathLike[str] = DEFAULT_DIR, **options: Any) -> Logger:  # noqa: N802
     """A Logger that saves runs as Parquet files under `path` (read them back
     with `lox.load(path)`).
 

@@ -20,6 +20,7 @@ import sys
 from lox_backends.plugin.config import mask_secrets
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import reader
+from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_backends.tools.demo import run_demo
 from lox_backends.tools.plot import plot_runs
 from lox_backends.trackers.sync import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument("--dir", default="lox-runs", help="where the runs are saved")
+    demo.add_argument("--dir", default=DEFAULT_DIR, help="where the runs are saved")
     demo.add_argument("--seeds", type=int, default=4, help="how many seeds (runs) are trained side by side")
     demo.add_argument("--epochs", type=int, default=20, help="training epochs")
     demo.add_argument("--steps", type=int, default=100, help="SGD steps per epoch")

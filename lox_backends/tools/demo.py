@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lox_backends.logger.logger import from_config
+from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_backends.runstore.reader import load
 from lox_backends.tools.plot import plot_runs
 from lox_core.logdict import logdict
@@ -73,7 +74,7 @@ def epoch(params, key, epoch_index, steps, data, validation):
     return params
 
 
-def run_demo(directory: str = "lox-runs", seeds: int = 4, epochs: int = 20, steps: int = 100) -> str:
+def run_demo(directory: str = DEFAULT_DIR, seeds: int = 4, epochs: int = 20, steps: int = 100) -> str:
     """Train `seeds` models for `epochs` epochs, log to ``console,parquet:DIR``,
     plot the loss curves; returns the path of the plot."""
     logger = from_config(f"console,parquet:{directory}", name="demo")
