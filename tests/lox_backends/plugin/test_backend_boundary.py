@@ -130,7 +130,7 @@ def test_a_logger_refuses_what_is_not_a_backend_naming_the_class_to_subclass():
         Logger(["parquet"])
 
 
-# --- the import graph -------------------------------------------------------------------------------
+# --- the import graph (its cycles: tests/test_import_cycles.py) --------------------------------------
 @functools.cache
 def _parsed():
     modules = {}
@@ -169,26 +169,6 @@ def _project_imports(tree, module, top_level):
         if imports and (id(node) in nested) != top_level:
             found.update(n for n in _imported(node, module) if n.split(".")[0] in PACKAGES)
     return {n for n in found if n in _parsed()}
-
-
-def test_the_module_level_imports_of_lox_have_no_cycle():
-    graph = {name: _project_imports(tree, name, top_level=True) - {name} for name, tree in _modules()}
-    state: dict[str, str] = {}
-
-    def visit(module, path):
-        state[module] = "open"
-        for dep in sorted(graph[module]):
-            if state.get(dep) == "open":
-                cycle = path[path.index(dep):] + [dep]
-                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
-            if dep not in state:
-                visit(dep, [*path, dep])
-        state[module] = "done"
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-    assert "lox_backends.logger.logger" in graph["lox"] | graph["lox.loggers"]  # the walk sees real edges
 
 
 def test_backends_never_import_the_lox_facade_and_import_lox_modules_at_the_top():

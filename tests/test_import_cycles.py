@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("lox", "lox_backends", "lox_core")  # each imports only those after it
 
 
