@@ -329,6 +329,8 @@ class BackendWorker:
             except Exception:  # refused (a write's `_Tables` counted the runs it lost)
                 self._began = None
                 self._done += 1
+                if not self._closing.is_set():
+                    self.fault = None  # the outage is over: the backend answered, with a refusal (reported as such)
                 raise
             self._began = None
             self._done += 1
