@@ -7,18 +7,17 @@ Covers lox_backends/logger/processes.py, with test_process_death.py."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 from logs_testing import assert_logs_equal, free_port
+from paths import REPO
 
 import lox
 from lox_backends.runstore import reader
 
-JOB = pathlib.Path(__file__).resolve().parents[3] / "tests" / "support" / "multiprocess_job.py"
-REPO = JOB.parents[1]
+JOB = REPO / "tests" / "support" / "multiprocess_job.py"
 DEADLINE = 300  # seconds for a whole job: a hang fails the test instead of stalling the suite
 
 

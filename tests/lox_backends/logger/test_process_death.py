@@ -17,13 +17,13 @@ import time
 import numpy as np
 import pytest
 from logs_testing import free_port
+from paths import REPO
 
 import lox
 from lox_backends.logger import processes
 from lox_backends.runstore import reader
 
-JOB = pathlib.Path(__file__).resolve().parents[3] / "tests" / "support" / "multiprocess_job.py"
-REPO = JOB.parents[1]
+JOB = REPO / "tests" / "support" / "multiprocess_job.py"
 DEADLINE = 120  # seconds for any one wait: a hang fails the test instead of stalling the suite
 GONE = re.compile(r"lox: process (\d+) of this job \(([^,]+), pid (\d+)\) is gone: no heartbeat from it for (\d+) s\. "
                   r"JAX will end this process when its coordination service notices \(SIGABRT\); (.*)\.$", re.M)
