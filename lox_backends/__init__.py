@@ -13,12 +13,10 @@ The core (`lox_core`) does not depend on any of it. Plugins import the contract 
 ``from lox_backends import hooks``, a name that stays when the layout changes.
 """
 
-from typing import Any
+import sys
 
+from lox_backends.plugin import hooks as hooks
 
-def __getattr__(name: str) -> Any:
-    if name == "hooks":  # the plugin contract's public name (plugins.md), loaded on first use
-        from lox_backends.plugin import hooks
-
-        return hooks
-    raise AttributeError(f"module 'lox_backends' has no attribute {name!r}")
+# The plugin contract's public name (plugins.md), as a module too: plugins written for earlier
+# releases import it as the module `lox_backends.hooks` (``import lox_backends.hooks as hooks``).
+sys.modules.setdefault(f"{__name__}.hooks", hooks)

@@ -205,3 +205,21 @@ def test_a_backend_that_also_keeps_the_old_name_for_older_lox_releases_works():
         write_batch = write
 
     assert Both(None, {"every": "3"}).settings == {"every": 3}
+
+
+# --- the contract's public module name ------------------------------------------------------------
+def test_a_plugin_written_as_import_lox_backends_hooks_still_loads():
+    """`lox_backends.hooks` is the module earlier releases documented (its own docstring
+    said ``import lox_backends.hooks as hooks``): importing it by that name still works,
+    and gives the contract itself, in a fresh interpreter as a plugin module sees it."""
+    import subprocess
+    import sys
+
+    code = ("import lox_backends.hooks as old\n"
+            "from lox_backends.hooks import Backend, BackendSpec, hookimpl\n"
+            "from lox_backends.plugin import hooks\n"
+            "assert old is hooks and Backend is hooks.Backend and BackendSpec is hooks.BackendSpec\n"
+            "assert hookimpl is hooks.hookimpl\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
