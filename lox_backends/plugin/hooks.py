@@ -71,7 +71,7 @@ class Backend:
 
     A backend declares its options once, as `OPTIONS` (name → `Option`), with
     `EXAMPLE`, a config string that uses them (its name names the backend in
-    messages; without one, the class name does). `__init__` checks the options
+    messages; without one, a tracker's `tracker`, else the class name, does). `__init__` checks the options
     given against them, once, and keeps the typed values, with the defaults of
     those not given, in `settings`: an unknown option (with the close name, for
     a typo) or a value of the wrong type or range is refused there, where the
@@ -106,7 +106,8 @@ class Backend:
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
         self.target = target
         self.options = dict(options or {})
-        name = parse(self.EXAMPLE)[0].name if self.EXAMPLE else type(self).__name__
+        # Named in messages by its EXAMPLE's backend; else a tracker by its config name (`tracker`), else its class.
+        name = parse(self.EXAMPLE)[0].name if self.EXAMPLE else getattr(self, "tracker", None) or type(self).__name__
         self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE)
 
     if not TYPE_CHECKING:  # (hidden from type checkers, which would then accept any attribute)

@@ -43,3 +43,19 @@ def test_the_exit_flush_still_sends_to_a_slow_tracker_after_finish_timed_out(tmp
     lines = result.stdout.splitlines()
     assert sorted(lines) == ["exiting", "sent first", "sent second"], result.stdout
     assert result.stderr.count("were not sent within 0.5 s") == 1, result.stderr  # finish's, not the exit's
+
+
+def test_a_tracker_without_example_is_named_by_its_config_name_when_an_option_is_refused():
+    """As before `OPTIONS`: a tracker's messages name it by `tracker` (its config name),
+    not by its class, when it declares no `EXAMPLE`."""
+    import pytest
+
+    from lox_backends.plugin.config import Option
+    from lox_backends.trackers.template import TrackerBackend
+
+    class Mine(TrackerBackend):
+        tracker = "mine"
+        OPTIONS = {"project": Option("the project"), **TrackerBackend.OPTIONS}
+
+    with pytest.raises(ValueError, match=r"^the mine backend has no option 'projet'; did you mean 'project'\?"):
+        Mine(None, {"projet": "x"})
