@@ -506,7 +506,9 @@ class Logger:
         """`closing`'s `close_run` to every backend after what was logged to them,
         each backend told how the run ended for it (`RunInfo.status`: "failed"
         where logs were lost)."""
-        exited_by_error = shutdown.exiting() and getattr(sys, "last_value", None) is not None  # an uncaught exception
+        # At exit, after an uncaught exception, or a host callback's that nothing raised again (the process ends with 1)
+        exited_by_error = shutdown.exiting() and (getattr(sys, "last_value", None) is not None
+                                                  or failures.pending is not None)
 
         def status(run: hooks.RunInfo, outlet: BackendWorker) -> str:
             failed = exited_by_error or run.run_id in self._lost_runs or run.run_id in outlet.lost_runs

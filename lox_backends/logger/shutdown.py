@@ -12,6 +12,11 @@ import warnings
 import weakref
 from typing import Protocol
 
+# Imported first, so that its exit handler (which reports a host callback's exception that nothing
+# raised again, then ends the process) is registered before `close_at_exit`, whatever imports lox
+# first: exit handlers run last registered first, and the Logger's flush must run before it.
+import lox_core.failures  # noqa: F401  # isort: skip
+
 
 class _Closable(Protocol):
     name: str

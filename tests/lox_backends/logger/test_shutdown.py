@@ -203,3 +203,32 @@ def test_a_logger_is_live_until_it_is_closed():
     assert logger in shutdown.live()
     logger.close()
     assert logger not in shutdown.live()
+
+
+@pytest.mark.parametrize("first", ["lox", "lox_backends.runstore.filesystems"])
+def test_a_callback_error_nothing_raised_again_ends_the_process_after_the_flush_with_its_runs_failed(tmp_path, first):
+    """A tap callback raised and nothing raised it again: lox prints it at exit and ends the
+    process with 1, after the Logger's exit flush wrote what it held and ended its runs as
+    'failed' (the program failed) — whichever of lox's modules the script imported first."""
+    runs = tmp_path / "runs"
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(f"""
+        import {first}
+        import jax, jax.numpy as jnp, lox
+
+        logger = lox.loggers.from_config("parquet:{runs}")
+        state = logger.init(name="r")
+        logger.log(state, lox.spool(lambda x: lox.log({{"x": x}}, step=0))(jnp.float32(3.0))[1])
+
+        def callback(logs):
+            raise ValueError("callback broke")
+
+        jax.block_until_ready(jax.jit(lox.tap(lambda x: lox.log({{"y": x}}) or x, callback))(jnp.float32(1.0)))
+        # no finish, and nothing raises the callback's error again (block_until_ready does not)
+    """))
+    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "ValueError: callback broke" in done.stderr
+    (info,) = reader.runs(runs)
+    assert info["status"] == "failed"
+    assert lox.load(runs)[info["run_id"]]["x"].tolist() == [3.0]
