@@ -160,3 +160,11 @@ def lox_backends():
             requires=("pyarrow",),
         )
     ]
+
+
+def __getattr__(name: str):
+    if name in ("load", "runs"):  # lox 0.2 re-exported the reader's here (docs/backends/parquet.md named them)
+        raise ImportError(f"lox_backends.parquet.{name} is now lox_backends.runstore.reader.{name}"
+                          f"{' (lox.load is its public name)' if name == 'load' else ''}.",
+                          name=f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
