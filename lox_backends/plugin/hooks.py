@@ -108,7 +108,15 @@ class Backend:
         self.options = dict(options or {})
         # Named in messages by its EXAMPLE's backend; else a tracker by its config name (`tracker`), else its class.
         name = parse(self.EXAMPLE)[0].name if self.EXAMPLE else getattr(self, "tracker", None) or type(self).__name__
-        self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE)
+        try:
+            self.settings: dict[str, Any] = check_options(name, self.options, self.OPTIONS, self.EXAMPLE)
+        except ValueError as error:
+            if self.OPTIONS or self.EXAMPLE or type(self).__module__.startswith(f"{__package__.partition('.')[0]}."):
+                raise
+            # A plugin that declares neither, and reads self.options itself as lox 0.2 let it: tell its author.
+            raise ValueError(f"{error} (To the author of {type(self).__qualname__}: a backend declares the options "
+                             "it takes as OPTIONS = {name: Option(...)} and reads them from self.settings; "
+                             "see plugins.md.)") from None
 
     if not TYPE_CHECKING:  # (hidden from type checkers, which would then accept any attribute)
 

@@ -66,7 +66,7 @@ class Registry:
         self._lock = threading.RLock()  # re-entered only to report a plugin that recurses
         self._discovering = False
         self._offers: dict[str, list[Offer]] | None = None
-        self._failed: list[str] = []  # the plugins skipped, for `lookup`'s message
+        self._failed: list[tuple[str, str, Exception]] = []  # the plugins skipped (plugin, package, error): `lookup`
         self.plugin_manager = pluggy.PluginManager(hooks.PROJECT)
         self.plugin_manager.add_hookspecs(hooks.Hooks)
 
@@ -141,7 +141,7 @@ class Registry:
 
     def _skip(self, plugin: str, package: str, error: Exception) -> None:
         """Warn that a plugin is skipped, and remember it for `lookup`'s message."""
-        self._failed.append(f"the plugin {plugin!r} of package {package} ({error!r})")
+        self._failed.append((plugin, package, error))
         warnings.warn(
             f"lox: the plugin {plugin!r} of package {package} failed to load and is skipped: {error!r}. "
             f"Reinstall or uninstall {package}, or tell its author.",
@@ -176,7 +176,16 @@ class Registry:
             known = ", ".join(_listed(known, offered) for known, offered in offers.items()) or "none"
             close = difflib.get_close_matches(name, offers, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            failed = f" Skipped, as they failed to load: {'; '.join(self._failed)}." if self._failed else ""
+            for plugin, package, error in self._failed:
+                if _normalise(plugin) == _normalise(name):  # installed, but its plugin could not be loaded
+                    raise BackendNotFound(
+                        f"the lox backend {name!r}{where} is offered by the plugin {plugin!r} of package {package}, "
+                        f"which failed to load and was skipped: {error!r}. Upgrade or reinstall {package}, or tell "
+                        "its author."
+                    )
+            skipped = "; ".join(f"the plugin {plugin!r} of package {package} ({error!r})"
+                                for plugin, package, error in self._failed)
+            failed = f" Skipped, as they failed to load: {skipped}." if skipped else ""
             raise BackendNotFound(
                 f"unknown lox backend {name!r}{where}.{hint} Installed backends: {known}. "
                 "Run `lox backends` to list them with their packages; a third-party backend is "

@@ -201,6 +201,17 @@ def test_a_plugin_written_for_an_earlier_lox_is_skipped_and_its_backend_says_why
                                            f"lox-old (TypeError('{why}')).")
 
 
+def test_a_backend_whose_plugin_failed_to_load_says_so_first(tmp_path):
+    # The entry point named after the backend, as plugins.md declares it (`old = "old"`).
+    _install_fake_distribution(tmp_path, "lox-old", "old", "old")
+    (tmp_path / "old.py").write_text("from lox_backends.tracker import TrackerBackend\n")  # lox 0.2's module
+    result = _run("import lox; lox.loggers.from_config('memory,old')", tmp_path)
+    assert ("BackendNotFound: the lox backend 'old' in 'old' is offered by the plugin 'old' of package lox-old, "
+            "which failed to load and was skipped: ModuleNotFoundError('lox_backends.tracker is no longer a module: "
+            "since lox_backends was split into parts it is lox_backends.trackers.template") in result.stderr
+    assert result.stderr.rstrip().endswith("Upgrade or reinstall lox-old, or tell its author.")
+
+
 def test_a_registered_plugin_that_fails_can_be_registered_again_once_fixed():
     class Plugin:
         specs = ["console"]
