@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted((set(globals()) - {"importlib", "TYPE_CHECKING", "Any"}) | set(_LAZY))  # lox's names, not its imports
 
 
 __all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "wandb",

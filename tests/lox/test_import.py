@@ -56,5 +56,6 @@ def test_the_lazy_names_are_the_modules_and_functions_users_know():
 
     assert lox.loggers.from_config is not None and lox.load is load
     assert {"loggers", "load", "wandb", "neptune", "log", "spool"} <= set(dir(lox))
+    assert not {"importlib", "TYPE_CHECKING", "Any"} & set(dir(lox))  # what lox/__init__.py imports for itself
     with pytest.raises(AttributeError, match="module 'lox' has no attribute 'lod'"):
         lox.lod  # noqa: B018
