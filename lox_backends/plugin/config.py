@@ -136,6 +136,22 @@ def _fail(text: str, position: int, reason: str) -> NoReturn:
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+KINDS = ("text", "int", "float", "flag", "choice")  # what an Option's value is parsed as
+
+
+def _of_kind(value: Any, option: Option) -> bool:
+    """Whether a default value is of `option`'s kind (its range is the backend's business)."""
+    if option.kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if option.kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if option.kind == "flag":
+        return isinstance(value, bool)
+    if option.kind == "choice":
+        return isinstance(value, str) and value.lower() in option.choices
+    return isinstance(value, str)
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """One ``?key=value`` option of a backend: what it does (`help`, shown in
@@ -153,6 +169,17 @@ class Option:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     check: Callable[[Any], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        # A declaration mistake shows where the backend is defined, not as an untyped value later.
+        if self.kind not in KINDS:
+            raise ValueError(f"an Option's kind is one of {', '.join(KINDS)}; got {self.kind!r} (for {self.help!r}).")
+        if (self.kind == "choice") != bool(self.choices):
+            raise ValueError(f"an Option of kind 'choice' takes its `choices`, and only such an Option does "
+                             f"(for {self.help!r}: kind {self.kind!r}, choices {self.choices!r}).")
+        if self.default is not None and not _of_kind(self.default, self):
+            raise ValueError(f"the default {self.default!r} of an Option of kind {self.kind!r} is not "
+                             f"{self.allowed()} (for {self.help!r}).")
 
     def allowed(self) -> str:
         """What a value may be, in words."""

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from lox_backends.plugin.config import BackendConfig, ConfigError, mask_secrets, parse
+from lox_backends.plugin.config import BackendConfig, ConfigError, Option, mask_secrets, parse
 
 
 def test_specs_with_targets_and_options():
@@ -71,3 +71,26 @@ def test_more_secret_spellings_and_passwords_containing_at_signs():
 def test_config_must_be_a_string():
     with pytest.raises(TypeError, match="must be a str, got list"):
         parse(["console"])
+
+
+@pytest.mark.parametrize("declared, message", [
+    (dict(kind="integer", default=1),
+     "an Option's kind is one of text, int, float, flag, choice; got 'integer' (for 'h')."),
+    (dict(kind="choice"), "an Option of kind 'choice' takes its `choices`, and only such an Option does (for 'h': "
+                          "kind 'choice', choices ())."),
+    (dict(kind="int", choices=("a",)), "an Option of kind 'choice' takes its `choices`, and only such an Option "
+                                       "does (for 'h': kind 'int', choices ('a',))."),
+    (dict(kind="int", default="x"), "the default 'x' of an Option of kind 'int' is not an integer (for 'h')."),
+    (dict(kind="flag", default=1), "the default 1 of an Option of kind 'flag' is not 1, true, yes, on or 0, false, "
+                                   "no, off (for 'h')."),
+    (dict(kind="choice", choices=("a", "b"), default="c"), "the default 'c' of an Option of kind 'choice' is not "
+                                                           "one of a, b (for 'h')."),
+])
+def test_an_option_declared_wrongly_is_refused_where_it_is_declared(declared, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Option("h", **declared)
+
+
+def test_options_declared_rightly_are_taken():
+    assert Option("h", "float", 1).default == 1 and Option("h", "int", None).default is None
+    assert Option("h", "choice", "A", choices=("a", "b")).default == "A"
