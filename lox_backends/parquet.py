@@ -91,7 +91,9 @@ class ParquetBackend(hooks.Backend):
         root = filesystems.resolve(target or layout.DEFAULT_DIR, check=True)
         if not filesystems.is_uri(root):
             filesystems.check_writable(root, "the parquet backend's folder")
-        self.writer = RunStoreWriter(root, self.settings["compression"], self.settings["rows_per_file"])
+        self.compression: str = self.settings["compression"]
+        self.rows_per_file: int = self.settings["rows_per_file"]
+        self.writer = RunStoreWriter(root, self.compression, self.rows_per_file)
 
     @property
     def root(self) -> str:
@@ -102,14 +104,6 @@ class ParquetBackend(hooks.Backend):
     def remote(self) -> bool:
         """Whether `root` is in a bucket."""
         return self.writer.remote
-
-    @property
-    def compression(self) -> str:
-        return self.writer.compression
-
-    @property
-    def rows_per_file(self) -> int:
-        return self.writer.rows_per_file
 
     @property
     def heartbeat_every(self) -> float:

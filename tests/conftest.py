@@ -10,6 +10,16 @@ import devices  # noqa: F401  (first: it sets XLA_FLAGS before JAX starts)
 import pytest  # noqa: E402
 import wandb  # noqa: E402
 from mlflow_server import CLIENT_ENV, MlflowServer  # noqa: E402
+from s3_server import S3Server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1, for the whole session (a test that freezes or kills
+    it starts one of its own)."""
+    server = S3Server(tmp_path_factory.mktemp("s3-server")).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -48,10 +48,6 @@ class OpenRun:
     run: hooks.RunInfo
     folder: str
 
-    def describe(self) -> str:
-        """What the call to the tracker does, for messages."""
-        return f"opening run {self.run.name!r}"
-
 
 @dataclasses.dataclass(frozen=True)
 class SendFile:
@@ -59,10 +55,6 @@ class SendFile:
 
     run: hooks.RunInfo
     path: str
-
-    def describe(self) -> str:
-        """What the call to the tracker does, for messages."""
-        return f"sending {filesystems.basename(self.path)} of run {self.run.name!r}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,21 +64,26 @@ class CloseRun:
     run: hooks.RunInfo
     folder: str
 
-    def describe(self) -> str:
-        """What the call to the tracker does, for messages."""
-        return f"closing run {self.run.name!r}"
-
 
 @dataclasses.dataclass(frozen=True)
 class Shutdown:
     """The local log was closed: no more runs. The sending thread ends after it."""
 
-    def describe(self) -> str:
-        """What the call to the tracker does, for messages."""
-        return "shutting down"
-
 
 Item = OpenRun | SendFile | CloseRun | Shutdown
+
+
+def describe(item: Item) -> str:
+    """What the call to the tracker for `item` does, for messages."""
+    match item:
+        case OpenRun(run=run):
+            return f"opening run {run.name!r}"
+        case SendFile(run=run, path=path):
+            return f"sending {filesystems.basename(path)} of run {run.name!r}"
+        case CloseRun(run=run):
+            return f"closing run {run.name!r}"
+        case Shutdown():
+            return "shutting down"
 
 
 # --- the threads ------------------------------------------------------------------------------
@@ -229,7 +226,7 @@ class Sender:
             if run is not None and run.run_id in self._refused:
                 return  # the tracker refused to open this run: warned once, the rest stays local
             began = time.monotonic()
-            self._watchdog.begin(item.describe())
+            self._watchdog.begin(describe(item))
             try:
                 self._handle(item)
             except Exception as error:  # noqa: BLE001 - retried when transient, else reported and skipped

@@ -145,3 +145,19 @@ def kernels(compiled_text: str) -> list[str]:
         if op and not inside_fusion and op.group(1) != "parameter":
             ops.append(op.group(1))
     return sorted(ops)
+
+
+def saved_runs(folder, names=("r",), batches=2):
+    """Runs saved by a parquet Logger in `folder`: `batches` batch files of 4 steps each, every run in
+    each; their run ids."""
+    logger = lox.loggers.from_config(f"parquet:{folder}", name="saved")
+    states = [logger.init(name=name) for name in names]
+    for batch in range(batches):
+        steps = np.arange(batch * 4, batch * 4 + 4)
+        for state in states:
+            logger.log(state, lox.logdict({"loss": 0.5**steps}, {"step": {"loss": steps}}))
+        logger.flush()
+    for state in states:
+        logger.finish(state)
+    logger.close()
+    return [run.run_id for run in logger.runs()]

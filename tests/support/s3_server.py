@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 
 import pyarrow.fs as pafs
 from logs_testing import free_port, stop_group
@@ -75,6 +76,14 @@ class S3Server:
 
     def create_bucket(self, name: str) -> None:
         self.filesystem(allow_bucket_creation=True).create_dir(name)
+
+    def fresh_bucket(self, monkeypatch) -> str:
+        """A new bucket's URI (``s3://lox-...``), the AWS environment pointing at this server."""
+        for variable, value in self.env.items():
+            monkeypatch.setenv(variable, value)
+        name = f"lox-{uuid.uuid4().hex[:12]}"
+        self.create_bucket(name)
+        return f"s3://{name}"
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): the kernel still accepts connections, nothing answers them."""

@@ -114,18 +114,12 @@ def test_a_plugin_returning_something_else_is_named():
         Registry().register(Broken(), name="broken")
 
 
-def _install_fake_distribution(root, dist, module, backend_name):
-    """A real installed distribution (dist-info with an entry point), as pip would lay it out."""
+def _install_fake_distribution(root, dist, module, backend_name, hook=None, before=""):
+    """A real installed distribution (dist-info with an entry point), as pip would lay it out. Its
+    hook returns one backend named `backend_name`, or runs `hook` (a line) after `before` (lines)."""
+    hook = hook or f"return [hooks.BackendSpec({backend_name!r}, hooks.Backend, description='from {dist}')]"
     (root / f"{module}.py").write_text(
-        textwrap.dedent(
-            f"""
-            from lox_backends import hooks
-
-            @hooks.hookimpl
-            def lox_backends():
-                return [hooks.BackendSpec({backend_name!r}, hooks.Backend, description="from {dist}")]
-            """
-        )
+        f"from lox_backends import hooks\n{textwrap.dedent(before)}\n@hooks.hookimpl\ndef lox_backends():\n    {hook}\n"
     )
     info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
     info.mkdir()
@@ -181,16 +175,12 @@ def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning_naming_its_pack
 
 
 def test_a_plugin_written_for_an_earlier_lox_is_skipped_and_its_backend_says_why(tmp_path):
-    _install_fake_distribution(tmp_path, "lox-old", "lox_old", "old")
-    (tmp_path / "lox_old.py").write_text(
-        "from lox_backends import hooks\n"
-        "class OldBackend(hooks.Backend):\n"
-        "    def write_batch(self, run, table):\n"
-        "        pass\n"
-        "@hooks.hookimpl\n"
-        "def lox_backends():\n"
-        "    return [hooks.BackendSpec('old', OldBackend)]\n"
-    )
+    _install_fake_distribution(tmp_path, "lox-old", "lox_old", "old", "return [hooks.BackendSpec('old', OldBackend)]",
+                               before="""
+                                   class OldBackend(hooks.Backend):
+                                       def write_batch(self, run, table):
+                                           pass
+                               """)
     result = _run("import lox; lox.loggers.from_config('memory,old')", tmp_path)
     why = ("lox backend OldBackend defines `write_batch`, which lox no longer uses: implement `write(self, run, "
            "table)` (the same arguments). See plugins.md.")
@@ -242,13 +232,7 @@ def test_a_backend_name_no_config_string_can_reach_is_refused():
 
 
 def test_a_hook_that_raises_is_skipped_and_the_other_plugins_work(tmp_path):
-    _install_fake_distribution(tmp_path, "lox-raising", "lox_raising", "raising")
-    (tmp_path / "lox_raising.py").write_text(
-        "from lox_backends import hooks\n"
-        "@hooks.hookimpl\n"
-        "def lox_backends():\n"
-        "    raise RuntimeError('no luck')\n"
-    )
+    _install_fake_distribution(tmp_path, "lox-raising", "lox_raising", "raising", "raise RuntimeError('no luck')")
     result = _run("import lox; lox.loggers.from_config('memory'); print('still works')", tmp_path)
     assert result.stdout.strip() == "still works", result.stderr
     assert "of package lox-raising failed to load and is skipped: RuntimeError('no luck')" in result.stderr

@@ -36,26 +36,15 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 STEPS = 3
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1, for the whole session."""
-    server = S3Server(tmp_path_factory.mktemp("s3-server")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def bucket(s3_server, tmp_path, monkeypatch):
     """A fresh bucket (its URI), the AWS environment pointing at the server, and
     the working directory an empty folder: nothing may land there."""
-    for name, value in s3_server.env.items():
-        monkeypatch.setenv(name, value)
-    name = f"lox-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
+    uri = s3_server.fresh_bucket(monkeypatch)
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)
-    yield f"s3://{name}"
+    yield uri
     assert not any(work.iterdir()), f"lox wrote into the working directory: {sorted(os.listdir(work))}"
 
 

@@ -6,7 +6,6 @@ frozen (SIGSTOP) and killed, then back (SIGCONT, a restart on the same port)."""
 
 import threading
 import time
-import uuid
 import warnings
 
 import pyarrow.fs as pafs
@@ -34,11 +33,7 @@ def s3_server(tmp_path):
 @pytest.fixture
 def bucket(s3_server, monkeypatch):
     """A fresh bucket's URI, the AWS environment pointing at the server."""
-    for name, value in s3_server.env.items():
-        monkeypatch.setenv(name, value)
-    name = f"lox-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    return f"s3://{name}"
+    return s3_server.fresh_bucket(monkeypatch)
 
 
 def closed_port_url() -> str:

@@ -15,10 +15,8 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
-from s3_server import S3Server
 
 from lox_backends.runstore import filesystems, reader
 
@@ -229,20 +227,9 @@ def test_a_thousand_runs_of_a_group_read_their_heartbeat_once(tmp_path):
 
 
 # --- in a bucket --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("s3-server")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def bucket(s3_server, monkeypatch):
-    for name, value in s3_server.env.items():
-        monkeypatch.setenv(name, value)
-    name = f"lox-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    return f"s3://{name}/runs"
+    return f"{s3_server.fresh_bucket(monkeypatch)}/runs"  # s3_server: tests/conftest.py
 
 
 def test_heartbeats_in_a_bucket(bucket):

@@ -136,8 +136,8 @@ def test_a_call_unanswered_too_long_is_warned_about_once_while_it_goes_on(tmp_pa
 
 def test_work_items_describe_the_call_they_make():
     run = hooks.RunInfo("id", "a", "g")
-    assert sending.OpenRun(run, "/runs/id").describe() == "opening run 'a'"
-    assert sending.SendFile(run, "/runs/g.batches/batch-000001-0a0b0c0d.parquet").describe() == (
+    assert sending.describe(sending.OpenRun(run, "/runs/id")) == "opening run 'a'"
+    assert sending.describe(sending.SendFile(run, "/runs/g.batches/batch-000001-0a0b0c0d.parquet")) == (
         "sending batch-000001-0a0b0c0d.parquet of run 'a'")
-    assert sending.CloseRun(run, "/runs/id").describe() == "closing run 'a'"
-    assert sending.Shutdown().describe() == "shutting down"
+    assert sending.describe(sending.CloseRun(run, "/runs/id")) == "closing run 'a'"
+    assert sending.describe(sending.Shutdown()) == "shutting down"

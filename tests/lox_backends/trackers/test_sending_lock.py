@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+from logs_testing import saved_runs
 
 import lox
 from lox_backends.tools import cli
@@ -19,21 +20,6 @@ from lox_backends.tools import cli
 REPO = pathlib.Path(__file__).resolve().parents[3]
 LOX = os.path.join(os.path.dirname(sys.executable), "lox")  # the installed console script
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "LOX_DEFAULT": "off"}
-
-
-def save_runs(folder, names=("r",), batches=2):
-    """Runs saved by a parquet Logger: `batches` batch files of 4 steps each, every run in each."""
-    logger = lox.loggers.from_config(f"parquet:{folder}", name="saved")
-    states = [logger.init(name=name) for name in names]
-    for batch in range(batches):
-        steps = np.arange(batch * 4, batch * 4 + 4)
-        for state in states:
-            logger.log(state, lox.logdict({"loss": 0.5**steps}, {"step": {"loss": steps}}))
-        logger.flush()
-    for state in states:
-        logger.finish(state)
-    logger.close()
-    return [run.run_id for run in logger.runs()]
 
 
 def locks(folder):
@@ -103,7 +89,7 @@ time.sleep(600)
 
 
 def test_lox_sync_leaves_a_run_another_process_sends_and_removes_a_killed_senders_lock(tmp_path):
-    (run_id,) = save_runs(tmp_path / "runs")
+    (run_id,) = saved_runs(tmp_path / "runs")
     folder, tb = tmp_path / "runs" / run_id, tmp_path / "tb"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), str(tb)], env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -165,7 +151,7 @@ print("done", flush=True)
 
 def test_syncs_at_once_send_each_batch_once(tmp_path):
     """Three `lox sync`s of one folder at once, then one more: every batch of every run reaches the tracker once."""
-    run_ids = save_runs(tmp_path / "runs", names=[f"r{i}" for i in range(6)], batches=3)
+    run_ids = saved_runs(tmp_path / "runs", names=[f"r{i}" for i in range(6)], batches=3)
     sent, go = tmp_path / "sent.log", tmp_path / "go"
     command = [sys.executable, "-c", SENDER, str(tmp_path / "runs"), str(sent), str(go)]
     processes = [subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -13,12 +13,10 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
-from logs_testing import free_port
+from logs_testing import free_port, saved_runs
 from s3_server import S3Server
 
-import lox
 from lox_backends.plugin import hooks
 from lox_backends.plugin.registry import registry
 from lox_backends.tools import cli
@@ -30,17 +28,7 @@ LOX = os.path.join(os.path.dirname(sys.executable), "lox")  # the installed cons
 
 def save_runs(folder, names=("r",)):
     """Runs saved by a parquet Logger, two batch files of 4 steps each; their run folders."""
-    logger = lox.loggers.from_config(f"parquet:{folder}", name="saved")
-    states = [logger.init(name=name) for name in names]
-    for batch in range(2):
-        steps = np.arange(batch * 4, batch * 4 + 4)
-        for state in states:
-            logger.log(state, lox.logdict({"loss": 0.5**steps}, {"step": {"loss": steps}}))
-        logger.flush()
-    for state in states:
-        logger.finish(state)
-    logger.close()
-    return [str(pathlib.Path(folder) / run.run_id) for run in logger.runs()]
+    return [str(pathlib.Path(folder) / run_id) for run_id in saved_runs(folder, names)]
 
 
 def nothing_recorded(folder):
