@@ -1,9 +1,10 @@
 """The import graph of lox, lox_core and lox_backends has no cycle, counting the
 imports inside functions too (a lazy import is still a dependency: `logdict.to_arrow`
 calls `lox_core/arrow_codec.py`, which does not import the logdict, while
-`lox_core/arrow.py` imports both), and the packages import only downwards (lox ->
-lox_backends -> lox_core). Read from the source with `ast`, without importing
-anything. Imports under ``if TYPE_CHECKING:`` are left out: they are never executed."""
+`lox_core/arrow.py` imports both), the packages import only downwards (lox ->
+lox_backends -> lox_core), and modules import lox's modules at their top, where a
+reader sees them. Read from the source with `ast`, without importing anything.
+Imports under ``if TYPE_CHECKING:`` are left out: they are never executed."""
 
 import ast
 import pathlib
@@ -97,6 +98,24 @@ def test_each_package_imports_only_the_packages_below_it():
     upward = sorted(f"{module} imports {dep}" for module, deps in _graph().items() for dep in deps
                     if dep.split(".")[0] not in below[module.split(".")[0]])
     assert upward == []
+
+
+def test_modules_import_lox_modules_at_their_top():
+    """But for what loads on first use: `logdict.to_arrow`/`from_arrow` (pyarrow only when
+    asked for) and a module's own `__getattr__` (`lox.loggers`, `lox.load`...)."""
+    modules = _modules()
+    inside_functions = {}
+    for name, tree in modules.items():
+        if name == "lox_core.logdict":
+            continue
+        lazy = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+                for n in ast.walk(f)}
+        functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        nested = ast.Module(body=[n for f in functions if id(f) not in lazy for n in f.body], type_ignores=[])
+        found = _imports(nested, set(modules))
+        if found:
+            inside_functions[name] = found
+    assert inside_functions == {}
 
 
 @pytest.mark.parametrize(

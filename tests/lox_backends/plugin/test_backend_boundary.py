@@ -1,11 +1,8 @@
 """The boundary between a Logger and its backends: one `write` method, a thread per
-backend (a hanging or failing plugin never costs another backend its data), and an
-import graph without cycles. The contract itself (options, names of earlier releases)
-is tested in test_hooks.py."""
+backend (a hanging or failing plugin never costs another backend its data). The
+contract itself (options, names of earlier releases) is tested in test_hooks.py, the
+import graph in tests/test_import_cycles.py."""
 
-import ast
-import functools
-import pathlib
 import threading
 import time
 import warnings
@@ -23,9 +20,6 @@ from lox_backends.logger.logger import BackendError, Logger
 from lox_backends.memory import MemoryBackend
 from lox_backends.plugin.registry import registry
 from lox_core.logdict import concat
-
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-PACKAGES = ("lox", "lox_core", "lox_backends")
 
 
 def train(w, xs, start=0):
@@ -128,58 +122,6 @@ def test_a_logger_refuses_what_is_not_a_backend_naming_the_class_to_subclass():
     with pytest.raises(TypeError, match=r"^a lox Logger takes backends \(subclasses of lox_backends\.hooks\.Backend\), "
                                         r"got str\.$"):
         Logger(["parquet"])
-
-
-# --- the import graph (its cycles: tests/test_import_cycles.py) --------------------------------------
-@functools.cache
-def _parsed():
-    modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(path.read_text("utf-8"))
-    return modules
-
-
-def _modules():
-    """Every module of the packages, subpackages included: (dotted name, syntax tree)."""
-    return _parsed().items()
-
-
-def _imported(node, module):
-    """The modules an import statement names (relative imports are not used in lox)."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    names = [f"{node.module}.{alias.name}" for alias in node.names]  # `from pkg import module`
-    return [node.module, *names]
-
-
-def _project_imports(tree, module, top_level):
-    """Project modules imported at module level (`top_level`) or inside functions; a
-    module's own `__getattr__` (a lazy attribute, loaded on first use) and an
-    ``if TYPE_CHECKING:`` block (never run) count as neither."""
-    found = set()
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    nested = {id(n) for f in functions for n in ast.walk(f) if n is not f}
-    lazy = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__" for n in ast.walk(f)}
-    typing_only = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-    lazy |= {id(n) for block in typing_only for statement in block.body for n in ast.walk(statement)}
-    for node in ast.walk(tree):
-        imports = isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in lazy
-        if imports and (id(node) in nested) != top_level:
-            found.update(n for n in _imported(node, module) if n.split(".")[0] in PACKAGES)
-    return {n for n in found if n in _parsed()}
-
-
-def test_backends_never_import_the_lox_facade_and_import_lox_modules_at_the_top():
-    inside_functions = {}
-    for name, tree in _modules():
-        if name.startswith("lox_backends"):
-            top = _project_imports(tree, name, top_level=True)
-            assert not {m for m in top if m == "lox" or m.startswith("lox.")}, f"{name} imports the lox facade"
-        if name != "lox_core.logdict":  # logdict.to_arrow/from_arrow: arrow.py imports logdict
-            inside_functions[name] = _project_imports(tree, name, top_level=False)
-    assert {name: found for name, found in inside_functions.items() if found} == {}
 
 
 # --- what arrives late or shared: runs still close, rows still in step order ----------------------------
