@@ -30,6 +30,8 @@ folder) as one of its `listeners`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from lox_backends.plugin import hooks
@@ -136,6 +138,12 @@ class ParquetBackend(hooks.Backend):
 
     def flush(self) -> None:
         self.writer.flush()
+
+    def summarize(self, run: hooks.RunInfo, values: dict[str, Any]) -> None:
+        self.writer.summarize(run, values)
+
+    def runs_folder(self) -> str | None:
+        return self.writer.root
 
     def close_run(self, run: hooks.RunInfo) -> None:
         self.writer.close_run(run)

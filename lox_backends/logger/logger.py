@@ -18,12 +18,14 @@ interpreter exit (`lox_backends.logger.shutdown`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import jax
@@ -36,6 +38,7 @@ from lox_backends.logger import shutdown, worker
 from lox_backends.logger.checks import LogChecks
 from lox_backends.logger.pending import Part, Waiting
 from lox_backends.logger.processes import Job, host_local
+from lox_backends.logger.resume import Resume
 from lox_backends.logger.runs import Runs, new_group, safe_name
 from lox_backends.logger.worker import BackendError, BackendWorker, Worker
 from lox_backends.plugin import hooks
@@ -43,6 +46,7 @@ from lox_backends.plugin.config import BackendConfig, check_logger_options, pars
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.layout import DEFAULT_DIR
+from lox_backends.runstore.table import check_summary_name, flatten
 from lox_core import failures, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
@@ -143,6 +147,7 @@ class Logger:
             if hasattr(log, "heartbeat_every"):
                 setattr(log, "heartbeat_every", flush_every)  # noqa: B010 - any backend's local log has one
         self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
+        self._named_inits: dict[str, int] = {}  # group -> `init(run_id=...)` calls so far (keys agreed by processes)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
         self._closed = False
         shutdown.register(self)
@@ -157,7 +162,8 @@ class Logger:
         return f"Logger({self.name!r}, backends=[{', '.join(type(b).__name__ for b in self.backends)}])"
 
     # --- runs ----------------------------------------------------------------------
-    def init(self, key: jax.Array | None = None, **metadata: Any) -> LoggerState:
+    def init(self, key: jax.Array | None = None, *, run_id: str | None = None, resume: str = "never",
+             from_step: int | None = None, **metadata: Any) -> LoggerState:
         """Open a run and return its state.
 
         `key` is a PRNG key (recorded with the run, so a seed's run can be told
@@ -165,9 +171,38 @@ class Logger:
         (JSON-compatible) apply to every run, arrays may differ per seed under
         vmap. ``name=`` names the run (seeds get ``name-0``, ``name-1``...).
         Works eagerly, under jit and under vmap: one run per element.
+
+        `run_id` names the run exactly (vmapped seeds get ``<run_id>-0``,
+        ``<run_id>-1``..., the same at every restart), and `resume` says what
+        happens when a run of that id exists where the backends keep runs:
+        ``"never"`` (the default) refuses it, ``"allow"`` goes on with it
+        (its folder, its metadata, its trackers' runs), ``"must"`` refuses an
+        id with no run. A job restarted from a checkpoint of step N passes
+        ``from_step=N``: what the run logged from step N on before it stopped
+        is superseded by what it logs now (each step is read once). These three
+        are not metadata.
+
+        >>> import lox, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> logger = lox.loggers.from_config(f"parquet:{folder}")
+        >>> def train(loss, steps):
+        ...     for step in steps:
+        ...         lox.log({"loss": loss}, step=step)
+        >>> state = logger.init(run_id="job", lr=0.1)
+        >>> logger.spool(train, state)(1.0, [6, 7, 8])
+        >>> logger.finish(state)  # (as if killed at step 8, after a checkpoint of step 7)
+        >>> state = logger.init(run_id="job", resume="allow", from_step=7)  # restarted from it
+        >>> logger.spool(train, state)(0.5, [7, 8])
+        >>> logger.finish(state)
+        >>> lox.load(f"{folder}/job")["loss"].tolist()
+        [1.0, 0.5, 0.5]
         """
         self._check_open()
         self._job.check_unchanged()
+        request = Resume.of(run_id, resume, from_step, self._job.index if self._job.processes == "each" else None)
+        if request is not None and runtime.staging_trace() is not None and self._job.count > 1:
+            raise ValueError("in a multi-process job, call `logger.init(run_id=...)` outside jax.jit: every process "
+                             "must agree on which runs are resumed.")
         if self._job.count > 1 and self._job.processes == "each":
             if runtime.staging_trace() is not None:
                 raise ValueError(
@@ -187,11 +222,13 @@ class Logger:
             seed = np.asarray(seed)
             batch_shape = seed.shape[: seed.ndim - seed_ndim]
             numbers = np.empty(batch_shape, np.int32)
+            named = self._named_runs(request, batch_shape) if request is not None else None
             for position, index in enumerate(np.ndindex(batch_shape)):
                 meta = template.fill(dynamic, index)
                 if key is not None:
                     meta["key"] = seed[index].tolist()
-                run = self._runs.open(meta, position if batch_shape else None)
+                run = self._runs.open(meta, position if batch_shape else None,
+                                      named[position] if named is not None else None)
                 if self._job.writes:  # inside `jax.pure_callback`: must not block or raise
                     self._router.submit(lambda run=run: self._announce(run))
                 numbers[index] = run.index
@@ -217,6 +254,20 @@ class Logger:
             run = jnp.asarray(np.asarray(run))
             failures.raise_pending()
         return LoggerState(run, opened_by=self.group)
+
+    def _named_runs(self, request: Resume, batch_shape: tuple[int, ...]) -> list[hooks.RunInfo]:
+        """The runs of an `init` given a run id, resumed where they exist (process
+        0 decides, in a job of several): their id, name, group and resume."""
+        ids = request.ids(batch_shape)
+        opened, open_now = self._runs.ids()
+        folders = list(dict.fromkeys(f for b in self.backends if (f := b.runs_folder()) is not None))
+        counted = self._named_inits[request.group] = self._named_inits.get(request.group, 0) + 1
+        resumed = set(self._job.agree(
+            f"{self.group}/init-{request.group}-{counted}",
+            lambda: sorted(request.decide(ids, folders, opened, open_now)), self.timeout,
+        ))
+        return [hooks.RunInfo(run_id, run_id, request.group, resumed=run_id in resumed,
+                              from_step=request.from_step if run_id in resumed else None) for run_id in ids]
 
     def runs(self) -> list[hooks.RunInfo]:
         """Every run this logger opened, in order, with its `status`: "running"
@@ -299,6 +350,71 @@ class Logger:
         runs, batch_ndim = state.run, np.ndim(state.run)
         self._wait_for_room()
         self._router.submit(lambda: self._add(self._waiting.add_batch(batch_ndim, runs, logs)))
+
+    def summary(self, state: LoggerState, values: Mapping[str, Any]) -> None:
+        """Set summary values of the state's runs, e.g. ``{"best_acc": acc}``: the
+        last value given under a name is the run's (shown by ``lox runs``, in the
+        table of runs `lox.runs`, sent to trackers as their summary). Values are
+        scalars per run: Python numbers, bools and strings, or numeric arrays of
+        shape ``()``; works eagerly, under jit and under vmap (one value per
+        seed). A name that clashes with a column of the table of runs (``name``,
+        a metadata key, ``loss.min``...) is refused here.
+
+        Every run also keeps, without asking, the last, least and greatest value
+        and the count of each key of scalars it logged (``loss.last``...)."""
+        self._check_open()
+        self._check_state(state, "summary")
+        if not isinstance(values, Mapping):
+            raise TypeError(f"`logger.summary` takes a dict of names to values, got {type(values).__name__}.")
+        metadata_columns = {name for run in self._runs.all() for name, _ in flatten(run.metadata)}
+        plain: dict[str, Any] = {}
+        arrays: dict[str, Any] = {}
+        run_shape = np.shape(state.run)
+        for name, value in values.items():
+            check_summary_name(name, metadata_columns)
+            if isinstance(value, (str, bool, int, float)):
+                plain[name] = value
+                continue
+            shape, dtype = np.shape(value), getattr(value, "dtype", None)
+            if dtype is None or not (np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)) or \
+                    np.issubdtype(dtype, np.complexfloating) or shape not in ((), run_shape):
+                raise TypeError(
+                    f"`logger.summary` got {name!r} = {type(value).__name__} of shape {shape} and dtype {dtype}: a "
+                    "summary value is one scalar per run (a Python number, bool or str, or a real number array "
+                    "of shape ()); log arrays with `lox.log` instead."
+                )
+            arrays[name] = value
+        if traced((state, arrays)):
+            if self._job.per_device_error is not None and runtime.manual_axes():
+                raise ValueError(self._job.per_device_error)
+            note = f"raised by lox logger {self.name!r} while receiving summary values {', '.join(map(repr, values))}"
+            callback = functools.partial(self._receive_summary, plain)
+            chain_end(host_call(callback, state.run, arrays, guarded=False, token=chain_start(), note=note))
+            return
+        if self._job.count > 1:
+            arrays = host_local(arrays)
+            if not self._job.writes:
+                return
+        runs, arrays = np.asarray(state.run), {name: np.asarray(value) for name, value in arrays.items()}
+        self._wait_for_room()
+        self._router.submit(lambda: self._summarize(runs, plain, arrays))
+
+    def _receive_summary(self, plain: dict[str, Any], batch_ndim: int, runs, arrays) -> None:
+        if not self._job.writes:
+            return  # as in `_receive_batch`
+        runs, arrays = np.array(runs), {name: np.array(value) for name, value in arrays.items()}
+        self._router.submit(lambda: self._summarize(runs, plain, arrays))
+
+    def _summarize(self, runs: np.ndarray, plain: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """In the router: after what was logged before, each run's values to every backend."""
+        self._send_waiting()
+        for index in np.ndindex(runs.shape):
+            run = self._runs[int(runs[index])]
+            self._runs.check_open(run)
+            self._announce(run)
+            values = {**plain, **{name: np.broadcast_to(value, runs.shape)[index].item()
+                                  for name, value in arrays.items()}}
+            self._to_backends(lambda b, run=run, values=values: b.summarize(run, values), label="summarize")
 
     def _wait_for_room(self) -> None:
         """Bounded memory: the user's thread waits while the router is far behind."""

@@ -108,6 +108,31 @@ class Job:
                 ) from error
         return group if self.processes == "first" else f"{group}-p{self.index}"
 
+    def agree(self, key: str, decide: Callable[[], Any], timeout: float) -> Any:
+        """What process 0 decides (`decide`, a JSON value; an exception it raises
+        is raised on every process), published under `key` and awaited by the
+        others: e.g. which runs `logger.init(run_id=...)` resumes."""
+        if self.count == 1:
+            return decide()
+        key = f"lox/agreed/{key}"
+        if self.index == 0:
+            try:
+                decided = {"value": decide()}
+            except ValueError as error:
+                decided = {"error": str(error)}
+            self._client.key_value_set(key, json.dumps(decided))
+        else:
+            try:
+                decided = json.loads(self._client.blocking_key_value_get(key, int(timeout * 1000)))
+            except Exception as error:  # the runtime's timeout error has no public type
+                raise TimeoutError(
+                    f"lox: process {self.index} waited {timeout:g} s for process 0 to decide {key!r} ({error}). "
+                    "Call `logger.init` alike on every process."
+                ) from error
+        if "error" in decided:
+            raise ValueError(decided["error"])
+        return decided["value"]
+
     def check_unchanged(self) -> None:
         """A Logger made before `jax.distributed.initialize` would write one run per process."""
         if runtime.distributed_runtime()[1] != self.count:

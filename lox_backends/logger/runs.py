@@ -57,22 +57,34 @@ class Runs:
         self._finished: set[int] = set()  # runs whose close reached the backends
         self._lock = threading.Lock()
 
-    def open(self, metadata: dict[str, Any], position: int | None) -> RunInfo:
+    def open(self, metadata: dict[str, Any], position: int | None, named: RunInfo | None = None) -> RunInfo:
         """A new run. Without ``name`` in `metadata` it is named after the logger
-        and its number; with one, seeds of one `init` (`position`) are numbered."""
+        and its number; with one, seeds of one `init` (`position`) are numbered.
+        A run the user named (``init(run_id=...)``) comes as `named`: its id,
+        group and resume, and its name when `metadata` has none; this gives it
+        its number."""
         with self._lock:
             number = len(self._runs)
             base = str(metadata.get("name", self.name))
-            if "name" not in metadata:
-                name = f"{base}-{number}"  # unique within the logger
-                run_id = f"{self.group}-{number}"
+            if named is not None:
+                name = named.name if "name" not in metadata else base if position is None else f"{base}-{position}"
+                run = dataclasses.replace(named, name=name, index=number, metadata=metadata)
             else:
-                name = base if position is None else f"{base}-{position}"
-                run_id = f"{safe_name(base)}-{self._stamp}-{number}"
-            run = RunInfo(run_id, name, self.group, number, metadata)
+                if "name" not in metadata:
+                    name = f"{base}-{number}"  # unique within the logger
+                    run_id = f"{self.group}-{number}"
+                else:
+                    name = base if position is None else f"{base}-{position}"
+                    run_id = f"{safe_name(base)}-{self._stamp}-{number}"
+                run = RunInfo(run_id, name, self.group, number, metadata)
             self._runs.append(run)
             self._open.add(number)
         return run
+
+    def ids(self) -> tuple[set[str], set[str]]:
+        """The ids of the runs this logger opened, and of those open now."""
+        with self._lock:
+            return {run.run_id for run in self._runs}, {self._runs[n].run_id for n in self._open}
 
     def __getitem__(self, number: int) -> RunInfo:
         with self._lock:

@@ -47,6 +47,13 @@ class RunInfo:
     run `close_run` receives says how it ended: ``"finished"`` (everything
     logged to it was written), ``"failed"`` (logs were lost, or the program
     raised); a run read back later may also be ``"killed"`` (its process died).
+
+    A run opened again by id (``logger.init(run_id=..., resume="allow")``, after
+    a preemption) has `resumed` set: a backend continues the run it has under
+    that id rather than start another. With `from_step`, the events of steps
+    ``>= from_step`` that reached the backend before are superseded by those
+    that come now: a backend drops them where it can (TensorBoard's
+    ``purge_step``), and says in its docs what it does otherwise.
     """
 
     run_id: str
@@ -55,6 +62,8 @@ class RunInfo:
     index: int = 0
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     status: str = "running"
+    resumed: bool = False
+    from_step: int | None = None
 
 
 class Backend:
@@ -145,6 +154,20 @@ class Backend:
 
     def flush(self) -> None:
         """Make everything written so far durable or sent."""
+
+    def summarize(self, run: RunInfo, values: dict[str, Any]) -> None:
+        """Summary values of `run` given by the user (``logger.summary``): names
+        to Python scalars (float, int, bool, str). A name given again replaces
+        its value: the run's summary is the last value of each name. Comes in
+        order with the run's tables, after `open_run`."""
+
+    def runs_folder(self) -> str | None:
+        """The folder of runs (lox's run format, `lox_backends.runstore.layout`)
+        where this backend keeps its runs, local or a bucket URI; None if it keeps
+        none. ``logger.init(run_id=...)`` looks there for a run of that id (to
+        refuse it, or resume it). Called from the user's thread: return a
+        value fixed when the backend was made."""
+        return None
 
     def close_run(self, run: RunInfo) -> None:
         """The run has finished."""

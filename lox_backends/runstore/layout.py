@@ -22,6 +22,7 @@ Folder
         batch-000001-b72e5d10.parquet       again; the sequence number orders them, the eight random hex
         ...                                 digits keep apart two writers that would pick the same name
         _alive-<writer>.json                `heartbeat_file`: the writer's heartbeat (below)
+        _runs.parquet                       RUNS_INDEX: the group's runs, one row each (below)
       .<name>.<pid>@<host>.tmp              `temp_name`: a file being written, in any of these folders,
                                             renamed to <name> once whole (names its writer: a killed
                                             writer's are told from a live one's, `TEMP_FILE`)
@@ -54,9 +55,19 @@ A JSON object (non-finite floats written as the strings ``"NaN"``,
     host, pid    its writer's host and process
     heartbeat    {"file": "<group>.batches/_alive-<writer>.json" (relative to DIR),
                   "every": seconds between heartbeats}
-    rows         once it ends: how many rows it has in its batch files (a reader refuses a
-                 run with fewer: files were deleted)
+    rows         once it ends: how many rows it has in its batch files, superseded ones
+                 included (a reader refuses a run with fewer: files were deleted)
     ended        once it ends: when, ISO-8601, UTC
+    resumes      once it was resumed (``logger.init(run_id=..., resume=...)``), a list,
+                 oldest first, of {"time": ISO-8601, "from_step": N or null,
+                 "first_batch": the sequence number of the first batch file written after
+                 that resume}; see "Resumed runs"
+    summary      once it ends: {"keys": {series: {"last", "min", "max", "count"}},
+                 "values": {name: value}}: of each series of scalars (rows with a
+                 ``value``), its last value, least and greatest (NaN ignored; null when
+                 every value is NaN) and how many events it has, superseded rows
+                 excluded; and the values given by ``logger.summary``. While the run is
+                 open, the group's index holds it as of the last flush
 
 Keys lox does not know are kept: a run opened again (in a group written to
 before) keeps its ``created`` and its earlier keys.
@@ -73,9 +84,36 @@ rows together. Their schema metadata also holds, JSON values::
     lox.runs     RUNS_METADATA: run id -> [first row, rows] of each run in the file
     lox.scalars  SCALARS_METADATA: "1" when every row holds a scalar in ``value``
                  (readers then skip the ``shape`` and ``data`` columns)
+    lox.summary  SUMMARY_METADATA: run id -> {series: [count, min, max, last]} of the
+                 scalar series of each run in the file (min/max null where all are NaN),
+                 and run id -> its least and greatest ``step`` under "steps"; so that
+                 a resumed run's summary is rebuilt from file footers
     lox.trees    TREES_METADATA (`lox_core.arrow`'s, the key of a table): the pytree
                  structures of the keys of every table written into the file; a key
                  they give different structures is listed as "flat"
+
+Resumed runs
+------------
+A run opened again under its id continues its folder and its group's batches
+folder (whose files go on numbering after the last). Each resume appends to
+``resumes`` in ``_run.json``. One with a ``from_step`` N supersedes the rows of
+the run, in batch files numbered below its ``first_batch``, whose ``step``
+column holds N or more (rows without a ``step`` are kept):
+readers leave them out (`superseded_from` gives the cut of a file). So a job
+killed at step 151 and restarted from its checkpoint of step 100 with
+``from_step=100`` reads every step once.
+
+The runs index
+--------------
+``<group>.batches/_runs.parquet`` (RUNS_INDEX) is the group's row of the table
+of runs (`lox.runs`): one row per run of the group, the columns that table
+documents (`lox_backends.runstore.table`). Its writer replaces it whole (a new
+file renamed into place: never torn, also under SIGKILL) when runs of the group
+open or resume, at every flush that changed a summary, and when runs end.
+Readers resolve a "running" status as for ``_run.json`` (its schema metadata
+holds the writer's ``heartbeat``, ``host`` and ``pid``). A run whose folder
+has a ``_run.json`` but no row in an index (killed before its group's first
+index, or written by lox before 0.3) is read from its ``_run.json``.
 
 Heartbeats
 ----------
@@ -114,6 +152,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 DEFAULT_DIR = "lox-runs"  # the folder of runs where a config string names none
 
@@ -128,7 +167,9 @@ TIME_METADATA = b"lox.time_ms"
 RUNS_METADATA = b"lox.runs"
 SCALARS_METADATA = b"lox.scalars"
 TREES_METADATA = b"lox.trees"  # lox_core.arrow.TREES_METADATA (not imported: this module loads no pyarrow)
-PER_FILE_METADATA = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA)  # what differs from batch file to batch file
+SUMMARY_METADATA = b"lox.summary"
+PER_FILE_METADATA = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA, SUMMARY_METADATA)  # differs file to file
+RUNS_INDEX = "_runs.parquet"  # in a batches folder: the group's runs, one row each
 HEARTBEAT_PREFIX = "_alive-"
 DEFAULT_HEARTBEAT_EVERY = 5.0  # seconds between heartbeats, where _run.json does not say (and a writer is not told)
 KILLED_AFTER = 3  # heartbeat intervals without a heartbeat after which a running run counts as killed
@@ -149,6 +190,20 @@ SENDING_LOCK_PREFIX, SENDING_LOCK_SUFFIX = "_sending-", ".lock"
 def batches_folder(group: str) -> str:
     """The folder, beside the run folders, that holds the batch files of a group of runs."""
     return group + BATCHES_SUFFIX
+
+
+def superseded_from(resumes: list[dict[str, Any]], sequence: int) -> int | None:
+    """The least step from which a run's rows in its batch file numbered
+    `sequence` are superseded by a later resume (`resumes`, as ``_run.json``
+    holds them): rows whose ``step`` is at least this are not the run's any
+    more. None where no resume supersedes rows of that file.
+
+    >>> resumes = [{"from_step": 100, "first_batch": 7}, {"from_step": None, "first_batch": 9}]
+    >>> superseded_from(resumes, 6), superseded_from(resumes, 7)
+    (100, None)
+    """
+    steps = [r["from_step"] for r in resumes if r.get("from_step") is not None and sequence < r["first_batch"]]
+    return min(steps, default=None)
 
 
 def batch_file(sequence: int, tag: str) -> str:

@@ -41,7 +41,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -254,6 +254,16 @@ def _heartbeat_time(path: str) -> float | None:
         return filesystems.mtime(path)
     except FileNotFoundError:  # not written yet, or removed since its writer ended
         return None
+
+
+def existing_runs(root: str, run_ids: Collection[str]) -> set[str]:
+    """The ids among `run_ids` of runs in the folder of runs `root` (a local
+    path or a bucket URI; one that does not exist holds none): a stat per run
+    on a disk, one listing in a bucket."""
+    if filesystems.is_uri(root):
+        names = {name for name, is_dir, _ in filesystems.scan(root, missing_ok=True) if is_dir}
+        return {run_id for run_id in run_ids if run_id in names}
+    return {run_id for run_id in run_ids if os.path.isfile(os.path.join(root, run_id, layout.RUN_FILE))}
 
 
 def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -230,6 +230,13 @@ class TrackerBackend(hooks.Backend):
     def flush(self) -> None:
         if self._owns_log:
             self.log.flush()
+
+    def summarize(self, run: hooks.RunInfo, values: dict[str, Any]) -> None:
+        if self._owns_log:
+            self.log.summarize(run, values)
+
+    def runs_folder(self) -> str | None:
+        return self.log.root
 
     def close_run(self, run: hooks.RunInfo) -> None:
         if self._owns_log:
