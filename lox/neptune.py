@@ -18,11 +18,14 @@ from lox_core.logdict import logdict
 
 
 def init(key: jax.Array | None = None, *, name: str | None = None, config: Mapping[str, Any] | None = None,
+         run_id: str | None = None, resume: str = "never", from_step: int | None = None,
          **settings: Any) -> TrackerRun:
     """Open a Neptune run (one per seed under `jax.vmap`), eagerly or
     inside `jax.jit`. `settings` are the backend's options: ``project`` (the backend's
-    target), ``mode`` and ``local``; `name` is the run's name and `config` its config."""
-    return _tracker.init(key, name=name, config=config, **settings)
+    target), ``mode`` and ``local``; `name` is the run's name and `config` its config. `run_id`, `resume`
+    and `from_step` name the run and resume it after a preemption (see `lox.loggers.Logger.init`)."""
+    return _tracker.init(key, name=name, config=config, run_id=run_id, resume=resume, from_step=from_step,
+                         **settings)
 
 
 def log(run: TrackerRun, logs: logdict) -> None:

@@ -89,15 +89,20 @@ class Tracker:
         return TrackerLogger([self._make(f"{self.backend.capitalize()}Logger", settings)], name, config or {})
 
     def init(self, key: jax.Array | None = None, *, name: str | None = None,
-             config: Mapping[str, Any] | None = None, **settings: Any) -> TrackerRun:
+             config: Mapping[str, Any] | None = None, run_id: str | None = None, resume: str = "never",
+             from_step: int | None = None, **settings: Any) -> TrackerRun:
         """Open a tracker run (one per seed under `jax.vmap`) with `config` as
-        its config and `name` as its name; eagerly or inside `jax.jit`."""
+        its config and `name` as its name; eagerly or inside `jax.jit`.
+        `run_id`, `resume` and `from_step` name and resume it as `Logger.init` does."""
+        if "id" in settings and run_id is None:
+            raise TypeError(f"`lox.{self.backend}.init` got id={settings['id']!r}: lox names a run with run_id= "
+                            "(and resumes it with resume='allow'), e.g. run_id='job', resume='allow'.")
         logger = Logger([self._make(f"lox.{self.backend}.init", settings)], name=name or self.backend)
         with self._lock:
             self._loggers.append(logger)
             number = len(self._loggers) - 1
         metadata = {**(config or {}), **({"name": name} if name is not None else {})}
-        state = logger.init(key, **metadata)
+        state = logger.init(key, run_id=run_id, resume=resume, from_step=from_step, **metadata)
         return TrackerRun(state.run, self.backend, number, opened_by=state.opened_by)
 
     def logger_of(self, run: TrackerRun, where: str | None = None) -> Logger:

@@ -109,3 +109,17 @@ def test_what_the_aliases_refuse_is_named():
     with pytest.raises(TypeError, match=r"`lox.neptune.finish` takes the run `lox.neptune.init` returned, got a run of "
                                         r"lox.wandb\."):
         lox.neptune.finish(wandb_run)
+
+
+def test_wandb_init_names_a_run_by_run_id_and_says_so_for_wandbs_own_id(wandb_env):
+    with pytest.raises(TypeError, match=r"got id='job': lox names a run with run_id= .*resume='allow'"):
+        lox.wandb.init(project="old-api", mode="offline", id="job")
+    run = lox.wandb.init(project="old-api", mode="offline", run_id="job", config={"lr": 0.1})
+    lox.wandb.finish(run)
+    (info,) = lox.wandb.logger_of(run).runs()
+    assert (info.run_id, info.name, info.metadata) == ("job", "job", {"lr": 0.1})
+    with pytest.raises(ValueError, match="run 'job' exists"):  # its local log keeps it
+        lox.wandb.init(project="old-api", mode="offline", run_id="job")
+    again = lox.wandb.init(project="old-api", mode="offline", run_id="job", resume="must")
+    lox.wandb.finish(again)
+    assert [r.resumed for r in lox.wandb.logger_of(again).runs()] == [True]
