@@ -16,13 +16,14 @@ import argparse
 import datetime
 import importlib.metadata
 import sys
+import warnings
 
 from lox_backends.plugin.config import mask_secrets
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import reader
 from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_backends.tools.demo import run_demo
-from lox_backends.tools.plot import plot_runs
+from lox_backends.tools.plot import PlotNote, plot_runs
 from lox_backends.trackers.sync import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
 
 
@@ -81,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="plot only this run: its name, GROUP/NAME or run id (repeat for several)")
     plot.add_argument("--group", action="append", dest="groups", metavar="GROUP",
                       help="plot only the runs of this group (repeat for several)")
+    plot.add_argument("--logy", action=argparse.BooleanOptionalAction, default=None,
+                      help="a log y axis (refused where a value is <= 0), or with --no-logy a linear one "
+                           "(default: log where every finite value is positive)")
+    plot.add_argument("--ylim", nargs=2, type=float, metavar=("LO", "HI"), default=None,
+                      help="the y axis' limits (default: those of most values; a curve far from the rest, such "
+                           "as a diverged run, leaves the plot, marked on its edge and named on stderr)")
+    plot.add_argument("--label", default=None, metavar="KEY",
+                      help="colour and label the curves by this metadata key's value, one colour per value "
+                           "(nested keys with dots, e.g. config.lr)")
 
     commands.add_parser("backends", help="list installed backends and what the missing ones need")
 
@@ -125,10 +135,19 @@ def _run(args) -> None:
     if args.command == "demo":
         run_demo(args.dir, seeds=args.seeds, epochs=args.epochs, steps=args.steps)
     elif args.command == "plot":
-        print(plot_runs(
-            args.path, key=args.keys or ["loss"], output=args.output, step=args.step, runs=args.runs,
-            groups=args.groups, smoothing=args.smooth, title=args.title,
-        ))
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", PlotNote)
+            output = plot_runs(
+                args.path, key=args.keys or ["loss"], output=args.output, step=args.step, runs=args.runs,
+                groups=args.groups, smoothing=args.smooth, title=args.title, logy=args.logy,
+                ylim=args.ylim and tuple(args.ylim), label=args.label,
+            )
+        for note in notes:
+            if issubclass(note.category, PlotNote):  # what the plot leaves out (a diverged run): a line
+                print(f"lox plot: note: {note.message}", file=sys.stderr)
+            else:  # any other warning, as it would have been shown
+                warnings.showwarning(note.message, note.category, note.filename, note.lineno)
+        print(output)
     elif args.command == "backends":
         print(backends_table())
     elif args.command == "runs":

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import collections
 import os
+import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.reader import load
 from lox_backends.runstore.reader import runs as saved_runs
+from lox_backends.runstore.table import flatten
 from lox_core.arrow import flatten_keys
 from lox_core.logdict import NO_STEP, event_count, logdict
 
 DEFAULT_STEP = "step"
 # Fewer points than this are drawn raw, marked: a moving average over a few points lags far behind them.
 MIN_SMOOTHED = 50
+NOT_SET = "not set"  # the legend entry, with --label, of runs without that metadata key
 
 
 def plot_runs(
@@ -29,19 +33,22 @@ def plot_runs(
     groups=None,
     smoothing: float = 0.0,
     title: str | None = None,
+    logy: bool | None = None,
+    ylim: tuple[float, float] | None = None,
+    label: str | None = None,
 ) -> str:
     """Plot `key` (or several keys) against `step` for every run saved under
     `path` (or the one run at `path`) into a PNG; returns the PNG's path
     (default ``PATH/KEY.png``, or ``KEY.png`` in the current folder when `path`
-    is in a bucket). Positive series get a log scale.
+    is in a bucket). Positive series get a log scale unless `logy` is False.
 
     `runs` (names, ``GROUP/NAME`` or run ids), `groups` (group ids) and
-    `run_ids` choose the runs plotted; `smoothing` and `title`: see `plot_figure`.
-    A key logged as a pytree is plotted leaf by leaf, each named ``key/path``
-    (``norms/l1/kernel``)."""
+    `run_ids` choose the runs plotted; `smoothing`, `title`, `logy`, `ylim`
+    and `label`: see `plot_figure`. A key logged as a pytree is plotted leaf by
+    leaf, each named ``key/path`` (``norms/l1/kernel``)."""
     path = os.fspath(path)
     figure = plot_figure(path, key=key, step=step, run_ids=run_ids, runs=runs, groups=groups, smoothing=smoothing,
-                         title=title)
+                         title=title, logy=logy, ylim=ylim, label=label)
     import matplotlib.pyplot as plt
 
     first = key if isinstance(key, str) else key[0]
@@ -57,7 +64,8 @@ def plot_runs(
 
 
 def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step: str = DEFAULT_STEP, run_ids=None,
-                runs=None, groups=None, smoothing: float = 0.0, title: str | None = None):
+                runs=None, groups=None, smoothing: float = 0.0, title: str | None = None, logy: bool | None = None,
+                ylim: tuple[float, float] | None = None, label: str | None = None):
     """The matplotlib Figure of `plot_runs` (not saved, not closed).
 
     One curve per run and key, labelled by the run's name, or ``GROUP/NAME``
@@ -71,7 +79,36 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     to below 1) each curve of at least `MIN_SMOOTHED` points is an exponential
     moving average of that weight (as TensorBoard's slider), with the raw
     curve faint behind it; a curve of fewer points has them marked. `title`
-    titles the plot."""
+    titles the plot.
+
+    `logy`: True, a log y axis (an error where a plotted value is <= 0);
+    False, a linear one; None (the default), log where every finite value
+    plotted is positive. `ylim`: the y axis' limits ``(LO, HI)``; without them
+    the limits leave out values far from the rest (`default_ylim`: a diverged
+    run does not flatten the others). A curve that leaves the plot (values
+    beyond the limits, or infinite) is marked where it first does, by a
+    triangle on that edge in its colour, and, under the default limits, named
+    in a `PlotNote` warning. NaN values are gaps. `label`: a metadata key
+    (dotted for nested metadata, ``config.lr``, or its last part, ``lr``, where
+    no other key ends so) whose value colours and labels the curves, one colour
+    and legend entry per value (in the values' order; runs without the key:
+    "not set", in grey).
+
+    >>> import lox, numpy as np, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> logger = lox.loggers.SaveLogger(folder)
+    >>> for lr in (0.1, 0.01):
+    ...     state = logger.init(name=f"lr-{lr}", config={"lr": lr})
+    ...     logger.log(state, lox.logdict({"loss": np.array([1.0, 0.5 + lr])}, {"step": {"loss": np.arange(2)}}))
+    ...     logger.finish(state)
+    >>> logger.close()
+    >>> figure = plot_figure(folder, label="config.lr", logy=False, ylim=(0, 1.2))
+    >>> [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    ['0.01', '0.1']
+    >>> figure.axes[0].get_yscale(), [float(limit) for limit in figure.axes[0].get_ylim()]
+    ('linear', [0.0, 1.2])
+    >>> import matplotlib.pyplot as plt; plt.close(figure)
+    """
     try:
         import matplotlib
     except ImportError as error:
@@ -80,6 +117,8 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
         ) from error
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"the smoothing must be from 0 (none) to below 1, got {smoothing!r}.")
+    if ylim is not None:
+        ylim = _checked_ylim(ylim, logy)
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -105,18 +144,23 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
         )
     plotted = list(dict.fromkeys(run for _, (with_key, _) in curves for run in with_key))
     labels = _labels(plotted, infos)
-    colours = {run: f"C{i % 10}" for i, run in enumerate(plotted)}
-    figure, axes = plt.subplots(figsize=(7, 4))
-    positive = True
+    if label is None:
+        colours = {run: f"C{i % 10}" for i, run in enumerate(plotted)}
+        legend_of, rank = dict(labels), {}
+    else:
+        colours, legend_of, rank, label = _by_metadata(path, plotted, infos, label)  # label: as resolved
+
+    drawn: list[_Curve] = []
     averaged = False
     for number, (k, (with_key, against_index)) in enumerate(curves):
         style = ("-", "--", ":", "-.")[number % 4]
-        for run, logs in with_key.items():
+        # With --label, in the values' order (so is the legend), runs without the key last.
+        for run, logs in sorted(with_key.items(), key=lambda item: rank.get(legend_of[item[0]], len(rank))):
             values = np.asarray(logs[k])
             shape = values.shape[1:]
-            label = labels[run] + (f" {k}" if len(keys) > 1 else "")
+            suffix = f" {k}" if len(keys) > 1 else ""
             if shape and int(np.prod(shape)) != 1:
-                label += f" (mean of {'×'.join(map(str, shape))} values)"
+                suffix += f" (mean of {'×'.join(map(str, shape))} values)"
                 averaged = True
             values = values.reshape(values.shape[0], -1).mean(axis=1)  # arrays: their mean per event
             if against_index:
@@ -125,22 +169,192 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
                 x = np.asarray(logs.steps[step][k])
                 kept = x != NO_STEP  # events that did not carry this step
                 x, values = x[kept], values[kept]
-            if smoothing and values.size >= MIN_SMOOTHED:
-                axes.plot(x, values, color=colours[run], linestyle=style, alpha=0.25, linewidth=0.8)
-                axes.plot(x, _smoothed(values, smoothing), color=colours[run], linestyle=style, label=label)
-            else:  # a sparse series (an evaluation per epoch) with its points marked
-                marker = "o" if values.size < MIN_SMOOTHED else None
-                axes.plot(x, values, color=colours[run], linestyle=style, marker=marker, markersize=3, label=label)
-            positive &= bool(np.all(values > 0))
-    if positive:
+            drawn.append(_Curve(labels[run] + (f" {k}" if len(keys) > 1 else ""), x, values, colours[run], style,
+                                legend_of[run] + suffix))
+
+    x_name = "event" if indexed else step
+    log = _log_scale(drawn, logy, ylim, x_name)
+    figure, axes = plt.subplots(figsize=(7, 4))
+    in_legend = set()
+    for curve in drawn:
+        # With --label, one legend entry per value (and key): the other curves are named but left out of it.
+        line_label = curve.legend if curve.legend not in in_legend else f"_{curve.name}"
+        in_legend.add(curve.legend)
+        values, colour, style = curve.values, curve.colour, curve.style
+        if smoothing and values.size >= MIN_SMOOTHED:
+            axes.plot(curve.x, values, color=colour, linestyle=style, alpha=0.25, linewidth=0.8)
+            axes.plot(curve.x, _smoothed(values, smoothing), color=colour, linestyle=style, label=line_label)
+        else:  # a sparse series (an evaluation per epoch) with its points marked
+            marker = "o" if values.size < MIN_SMOOTHED else None
+            axes.plot(curve.x, values, color=colour, linestyle=style, marker=marker, markersize=3, label=line_label)
+    if log:
         axes.set_yscale("log")
+    chosen = ylim is not None
+    if ylim is None:
+        ylim = default_ylim([curve.values for curve in drawn], log=log)
+    if ylim is not None:
+        axes.set_ylim(*ylim)
+    _mark_leaving(axes, drawn, x_name, note=not chosen)
     axes.set_xlabel("event index (no step was logged)" if indexed else step)
     axes.set_ylabel(", ".join(keys) + (" (mean per event)" if averaged else ""))
     if title:
         axes.set_title(title)
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="small", title=label, title_fontsize="small")
     figure.tight_layout()
     return figure
+
+
+class PlotNote(UserWarning):
+    """What `plot_figure` says about a plot that the plot does not show: the
+    curves that leave the y axis' default limits (``lox plot`` prints it on
+    stderr)."""
+
+
+class _Curve(NamedTuple):
+    name: str  # the run's label, and the key's where there are several
+    x: np.ndarray
+    values: np.ndarray  # raw, as logged (a curve drawn smoothed has them faint behind it)
+    colour: str
+    style: str
+    legend: str  # its legend entry (shared by the runs of one value with --label)
+
+
+# How far beyond the middle half of the values the default y limits reach: in spreads of it, and on a log axis
+# at least this many decades (a loss falling fast from 10 to 0.001 is shown whole).
+FENCE = 3.0
+MIN_DECADES = 4.0
+
+
+def default_ylim(series: Sequence[np.ndarray], log: bool = False) -> tuple[float, float] | None:
+    """The y limits that `plot_figure` gives the curves `series` where none are
+    chosen, leaving out values far from the rest; None where no value is far
+    (matplotlib's own limits, which show every finite value, are kept).
+
+    Reckoned on the axis' scale (log10 of the values on a log axis) over the
+    finite values of every curve, each curve weighing the same however many
+    points it has: the middle half of them spans Q1 to Q3; the limits reach
+    beyond it at most `FENCE` times ``Q3 - Q1``, and at least `MIN_DECADES`
+    decades on a log axis, ``FENCE * max(|Q1|, |Q3|)`` on a linear one; they
+    are the least and greatest values within that reach, padded by 5 %. A run
+    that diverges (a loss of 2e36) then leaves the plot instead of flattening
+    the others, while a loss falling by up to 4 decades is shown whole,
+    however fast; values far out are left out as long as they weigh less than
+    a quarter of all.
+
+    >>> low, high = default_ylim([np.array([3.0, 1.0, 0.5]), np.array([3.0, 1.0, 2e36])], log=True)
+    >>> round(low, 2), round(high, 2)  # 0.5 to 3, padded: 2e36 leaves the plot
+    (0.46, 3.28)
+    >>> default_ylim([np.array([3.0, 1.0, 0.5, np.nan, np.inf])]) is None  # nothing far: matplotlib's limits
+    True
+    """
+    kept, weights = [], []
+    for values in series:
+        values = np.asarray(values, dtype=float)
+        values = values[np.isfinite(values) & (values > 0)] if log else values[np.isfinite(values)]
+        if values.size:
+            kept.append(np.log10(values) if log else values)
+            weights.append(np.full(values.size, 1.0 / values.size))
+    if not kept:
+        return None
+    values, weights = np.concatenate(kept), np.concatenate(weights)
+    order = np.argsort(values, kind="stable")
+    values, cumulative = values[order], np.cumsum(weights[order]) / len(kept)
+    q1, q3 = (values[min(np.searchsorted(cumulative, q - 1e-12), values.size - 1)] for q in (0.25, 0.75))
+    reach = max(FENCE * (q3 - q1), MIN_DECADES) if log else FENCE * max(q3 - q1, abs(q1), abs(q3))
+    within = values[(values >= q1 - reach) & (values <= q3 + reach)]
+    low, high = float(within[0]), float(within[-1])
+    if within.size == values.size or low == high:
+        return None
+    pad = 0.05 * (high - low)
+    low, high = low - pad, high + pad
+    return (float(10**low), float(10**high)) if log else (low, high)
+
+
+def _checked_ylim(ylim, logy: bool | None) -> tuple[float, float]:
+    try:
+        low, high = (float(limit) for limit in ylim)
+    except (TypeError, ValueError):
+        raise ValueError(f"the y limits (--ylim LO HI) are two numbers, got {ylim!r}.") from None
+    if not (np.isfinite(low) and np.isfinite(high) and low < high):
+        raise ValueError(f"the y limits (--ylim LO HI) must be finite with LO below HI, got {low:g} {high:g}.")
+    if logy and low <= 0:
+        raise ValueError(f"a log y axis (--logy) cannot start at {low:g}: give --ylim a LO above 0, or plot on a "
+                         "linear axis (--no-logy).")
+    return low, high
+
+
+def _log_scale(drawn: list[_Curve], logy: bool | None, ylim: tuple[float, float] | None, x_name: str) -> bool:
+    """Whether the y axis is a log one: `logy`, or (None) where every finite value is positive."""
+    if logy is False:
+        return False
+    if logy is None:
+        finite = [curve.values[np.isfinite(curve.values)] for curve in drawn]
+        return (ylim is None or ylim[0] > 0) and any(v.size for v in finite) and all(bool(np.all(v > 0))
+                                                                                     for v in finite)
+    nonpositive = [curve for curve in drawn if np.any(curve.values <= 0)]  # NaN compares False: a gap
+    if nonpositive:
+        curve = nonpositive[0]
+        first = int(np.argmax(curve.values <= 0))
+        more = f" (and {len(nonpositive) - 1} more curve(s))" if len(nonpositive) > 1 else ""
+        raise ValueError(
+            f"a log y axis (--logy) cannot show values <= 0, and {curve.name} has {curve.values[first]:g} at "
+            f"{x_name} {curve.x[first]}{more}; plot on a linear axis (--no-logy), or leave the run out "
+            "(--run, --where)."
+        )
+    return True
+
+
+def _mark_leaving(axes, drawn: list[_Curve], x_name: str, note: bool) -> None:
+    """Mark where each curve leaves the y axis' limits (a triangle on the edge
+    it crosses, in its colour) and, with `note`, name those curves in a `PlotNote`."""
+    low, high = map(float, axes.get_ylim())  # matplotlib's own where none were set
+    axes.set_ylim(low, high)  # kept: the marks on the edges must not widen them
+    leaving = []
+    for curve in drawn:
+        values = curve.values
+        for beyond, edge, marker, word, extreme in ((values > high, high, "^", "up", np.nanmax),
+                                                    (values < low, low, "v", "down", np.nanmin)):
+            if np.any(beyond):
+                first = int(np.argmax(beyond))
+                axes.plot([curve.x[first]], [edge], marker=marker, color=curve.colour, markersize=7,
+                          linestyle="none", clip_on=False, label="_leaves")
+                leaving.append(f"{curve.name} ({word} to {extreme(values):.3g}, from {x_name} {curve.x[first]})")
+    if note and leaving:
+        warnings.warn(
+            f"the y axis shows {low:.3g} to {high:.3g}, where most values are; these curves leave it: "
+            f"{', '.join(leaving)}. Choose the limits with --ylim LO HI.",
+            PlotNote, stacklevel=3,
+        )
+
+
+def _by_metadata(path: str, plotted: list[str], infos: dict, key: str) -> tuple[dict, dict, dict, str]:
+    """Each run's colour and legend entry by its value of the metadata `key`
+    (dotted for nested metadata), each entry's place in the legend, and the
+    key (``config.lr`` where `key` is ``lr`` and no other ends so)."""
+    metadata = {run: dict(flatten(infos.get(run, {}).get("metadata") or {})) for run in plotted}
+    known = sorted({name for values in metadata.values() for name in values})
+    ending = [name for name in known if name.endswith(f".{key}")]
+    if not any(key in values for values in metadata.values()) and len(ending) == 1:
+        key = ending[0]  # `lr` for `config.lr`, as `lox runs --where` reads it
+    if not any(key in values for values in metadata.values()):
+        raise LookupError(
+            f"no run plotted from {path!r} has the metadata key {key!r} (--label); their metadata keys are: "
+            f"{', '.join(known) or 'none'} (nested keys joined with dots, e.g. config.lr)."
+        )
+    values = {run: metadata[run][key] for run in plotted if key in metadata[run]}
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values())
+    shown = {run: str(value) for run, value in values.items()}
+    order = sorted(set(shown.values()), key=float) if numeric else sorted(set(shown.values()))
+    if len(order) <= 10:
+        palette = {text: f"C{i}" for i, text in enumerate(order)}
+    else:  # more values than distinct colours: spread along a colour map, in order
+        from matplotlib import colormaps, colors
+
+        colour_map = colormaps["viridis"]
+        palette = {text: colors.to_hex(colour_map(i / (len(order) - 1))) for i, text in enumerate(order)}
+    legend = {run: shown.get(run, NOT_SET) for run in plotted}
+    colours = {run: palette.get(legend[run], "grey") for run in plotted}
+    return colours, legend, {text: i for i, text in enumerate(order)}, key
 
 
 def _runs_with(path: str, by_run: dict, infos: dict, key: str, step: str) -> tuple[dict, bool]:
