@@ -134,13 +134,14 @@ object per line, appended and fsynced line by line (a torn last line is ignored)
                                               the run was opened there), secrets masked
     {"file": "batch-000000-3f9c01ab.parquet"} a batch file that reached the tracker
     {"closed": true}                          the run was ended at the tracker
+    {"closed": false}                         it was resumed since: to be ended again
 
 In a bucket, where objects cannot be appended to, the record is a folder
 ``_sent-<tracker>-<hash>/`` (`sent_folder`) of objects, each written whole::
 
     remote.json                         SENT_REMOTE: the remote line above (replaced when it changes)
     batch-000000-3f9c01ab.parquet.sent  `sent_marker` per batch file that reached the tracker
-    closed                              SENT_CLOSED: the run was ended at the tracker
+    closed                              SENT_CLOSED: the closed line above (replaced when it changes)
 
 ``_sending-<tracker>-<hash>.lock`` is the run's sending lock (an advisory lock,
 held by the process sending the run to that destination, removed when it lets

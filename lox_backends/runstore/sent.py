@@ -55,8 +55,8 @@ class SentRecord:
                 self.remote = entry["remote"]
             if "file" in entry:
                 self.files.add(entry["file"])
-            if entry.get("closed"):
-                self.closed = True
+            if "closed" in entry:  # false: reopened (`reopen`)
+                self.closed = bool(entry["closed"])
 
     def set_remote(self, remote: dict) -> None:
         self.remote = remote
@@ -69,6 +69,13 @@ class SentRecord:
     def close(self) -> None:
         self.closed = True
         self._kept.append({"closed": True})
+
+    def reopen(self) -> None:
+        """The run goes on (it was resumed, `hooks.RunInfo.resumed`): it is to be
+        ended at the tracker again."""
+        if self.closed:
+            self.closed = False
+            self._kept.append({"closed": False})
 
     def lock(self) -> bool:
         """Hold the run's sending lock (released when the process ends, also
@@ -147,8 +154,8 @@ class _Objects:
             entries.append(json.loads(filesystems.read_bytes(filesystems.join(self.path, layout.SENT_REMOTE))))
         suffix = layout.SENT_MARKER_SUFFIX
         entries += [{"file": name.removesuffix(suffix)} for name in sorted(names) if name.endswith(suffix)]
-        if layout.SENT_CLOSED in names:
-            entries.append({"closed": True})
+        if layout.SENT_CLOSED in names:  # `{"closed": false}` once reopened
+            entries.append(json.loads(filesystems.read_bytes(filesystems.join(self.path, layout.SENT_CLOSED))))
         return entries
 
     def append(self, entry: dict) -> None:

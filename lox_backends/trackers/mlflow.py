@@ -24,6 +24,19 @@ What goes where:
 * Array-valued events (and complex scalars) go to the run's artifacts as Parquet files,
   ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
   folder of them; so do pandas and DuckDB).
+* The run's summary, when it ends (``loss.last``, ``loss.min``, ``loss.max``,
+  ``loss.count`` of each key, and the values given by ``logger.summary``)
+  becomes metrics of those names at step 0 (bools as 0 and 1; MLflow's runs
+  table shows them, ``search_runs`` filters by them:
+  ``metrics.`loss.min` < 0.1``), and text values tags ``summary.<name>``.
+* A run resumed by id (``logger.init(run_id=..., resume="allow")``) goes on
+  in its MLflow run (the one its local log's sent record names), back to
+  ``RUNNING``; params it has keep their values (a changed one is warned
+  about, not sent: MLflow refuses to change a param). MLflow cannot delete
+  metric values: with ``from_step=N``, the values of steps N and above that
+  reached MLflow before the restart stay in each metric's history beside
+  the new ones (lox warns when there are any); ``lox.load`` reads each step
+  once.
 * A run ends ``FINISHED`` when ``logger.finish`` closes it, ``FAILED`` when
   it failed (logs were lost, or the program raised); ``lox sync`` ends a run
   whose process died ``KILLED`` (a run still being written stays ``RUNNING``).
@@ -40,9 +53,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import tempfile
+import time
+import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -65,6 +81,7 @@ class MlflowBackend(TrackerBackend):
     """Sends runs to MLflow; see the module docstring."""
 
     tracker = "mlflow"
+    keeps_superseded = "MLflow cannot delete metric values: it shows both the earlier and the new value of those steps"
     OPTIONS = {
         "experiment": Option("the MLflow experiment, created if missing",
                              default=DEFAULT_EXPERIMENT, check=lambda name: None if name else "it must not be empty"),
@@ -106,12 +123,27 @@ class MlflowBackend(TrackerBackend):
 
         client = self._client
         run_id = self._find_run(run, remote) or self._created.get(run.run_id)
+        had: dict[str, str] = {}  # the params of the MLflow run, when it existed
         if run_id is None:
             tags = {"lox.run_id": run.run_id, "lox.group": run.group, "lox.index": str(run.index)}
             run_id = client.create_run(self._experiment(), tags=tags, run_name=run.name).info.run_id
             self._created[run.run_id] = run_id  # a retry (the params below failed) reuses it
-        # Params have one value each: logging the same ones again (when a run is resumed) is harmless.
+        elif remote or self.syncing:  # a run that existed: it may have params, and may have ended
+            found = client.get_run(run_id)
+            had = dict(found.data.params)
+            if run.resumed and found.info.status != "RUNNING":
+                client.update_run(run_id, status="RUNNING")  # it goes on; `end_run` ends it again
         params = [Param(_name(k), _param_value(v)) for k, v in sorted(run.metadata.items())]
+        changed = sorted(p.key for p in params if p.key in had and had[p.key] != p.value)
+        if changed:
+            warnings.warn(
+                f"lox: run {run.name!r} was opened again with other values of {', '.join(map(repr, changed))} "
+                f"than its MLflow run {run_id} has; MLflow keeps a param's first value, so the new ones are not "
+                "sent (they are in the local log's _run.json).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        params = [p for p in params if p.key not in had]  # MLflow refuses to change a param
         for start in range(0, len(params), MAX_PARAMS):
             client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
         return {"run_id": run_id}
@@ -150,6 +182,18 @@ class MlflowBackend(TrackerBackend):
                 path = os.path.join(folder, batch.name)
                 pq.write_table(array_rows, path)
                 self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
+
+    def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(_name(name), float(value), now, 0) for name, value in values.items()
+                   if isinstance(value, (int, float)) and math.isfinite(value)]
+        tags = [RunTag(_name(f"summary.{name}"), value[:MAX_PARAM_VALUE]) for name, value in values.items()
+                if isinstance(value, str)]
+        for start in range(0, max(len(metrics), 1), MAX_METRICS):
+            self._client.log_batch(remote["run_id"], metrics=metrics[start : start + MAX_METRICS],
+                                   tags=tags if start == 0 else [])
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
         self._client.set_terminated(remote["run_id"], STATUSES.get(ended_status(run), "FAILED"))

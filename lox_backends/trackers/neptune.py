@@ -30,6 +30,16 @@ What goes where, in each Neptune run:
 * Neptune series cannot hold NaN or infinity, and keep one value per step in
   strictly increasing step order: such values are not sent (one warning per
   series; every value stays in the local log).
+* The run's summary, when it ends, goes to fields ``summary/<name>``:
+  ``loss.last``, ``loss.min``, ``loss.max``, ``loss.count`` of each key, and the
+  values given by ``logger.summary`` (stored as ``config/`` values are).
+* A run resumed by id (``logger.init(run_id=..., resume="allow")``) goes on in
+  the Neptune run of its ``custom_run_id`` (online; offline, see below).
+  Neptune cannot delete the points of a series: with ``from_step=N``, the
+  values of steps N and above that reached Neptune before the restart stay,
+  and the server refuses the new values of those steps (not above the
+  series' last step); lox warns when there are any. ``lox.load`` reads each
+  step once.
 * ``logger.finish`` stops the Neptune run (``run.stop()``), setting
   ``lox/status`` to how it ended: ``finished``, or ``failed`` (logs were lost,
   or the program raised) with ``sys/failed`` true, Neptune's mark of a failed
@@ -83,6 +93,8 @@ class NeptuneBackend(TrackerBackend):
     """Sends runs to Neptune; see the module docstring."""
 
     tracker = "neptune"
+    keeps_superseded = ("Neptune cannot delete the points of a series, so it keeps those values and refuses the new "
+                        "ones of those steps (offline, the resumed run is a new offline run)")
     OPTIONS = {
         "mode": Option("how runs are sent, by default NEPTUNE_MODE or else async", "choice", choices=MODES),
         **TrackerBackend.OPTIONS,
@@ -176,6 +188,14 @@ class NeptuneBackend(TrackerBackend):
         self._open_runs[run.run_id] = neptune_run
         self._last_steps[run.run_id] = {}  # a new Neptune run object knows of no steps
         return neptune_run
+
+    def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict) -> None:
+        summary = _config(values)
+        if summary:
+            neptune_run = self._run(run)
+            with _quiet():
+                for name, value in summary.items():  # one field each: names may hold dots, not nest
+                    neptune_run[f"summary/{_path(name)}"] = value
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
         status = ended_status(run)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from lox_backends.logger.worker import Worker
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import mask_secrets
-from lox_backends.runstore import filesystems
+from lox_backends.runstore import filesystems, layout
 from lox_backends.runstore.reader import batch_file
 from lox_backends.runstore.sent import SentRecord
 from lox_backends.runstore.writer import LogListener
@@ -43,10 +43,14 @@ SLOW_CALL = 5.0
 # --- the work items ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class OpenRun:
-    """The local log opened `run`, in `folder`: open it at the tracker."""
+    """The local log opened `run`, in `folder`: open it at the tracker. A
+    resumed run (`hooks.RunInfo.resumed`) has `earlier`: the batch files of
+    its group's folder when it was resumed, which may hold its rows from
+    before, not all sent (`TrackerBackend.send_earlier`)."""
 
     run: hooks.RunInfo
     folder: str
+    earlier: frozenset[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +101,12 @@ class Follower(LogListener):
 
     def run_opened(self, run: hooks.RunInfo, folder: str) -> None:
         self._runs[run.run_id] = run
-        self._backend.sender.put(OpenRun(run, folder))
+        earlier = None
+        if run.resumed:  # listed now, before the log writes a file of the run again: one listing
+            batches = filesystems.join(filesystems.parent(folder), layout.batches_folder(run.group or run.run_id))
+            earlier = frozenset(name for name, _, _ in filesystems.scan(batches, missing_ok=True)
+                                if layout.BATCH_FILE.fullmatch(name))
+        self._backend.sender.put(OpenRun(run, folder, earlier))
 
     def file_durable(self, run_id: str, path: str) -> None:
         run = self._runs.get(run_id)
@@ -276,15 +285,17 @@ class Sender:
     def _handle(self, item: Item) -> None:
         backend = self._backend
         match item:
-            case OpenRun(run=run, folder=folder):
-                self._opened(run, folder)
+            case OpenRun(run=run, folder=folder, earlier=earlier):
+                record, remote = self._opened(run, folder)
+                if earlier:  # again on a retry: files sent before are skipped
+                    backend.send_earlier(run, record, remote, folder, earlier)
             case SendFile(run=run, path=path):
                 record, remote = self._opened(run, filesystems.join(backend.local_root, run.run_id))
                 backend.send_file(run, record, remote, batch_file(path, run.run_id))
             case CloseRun(run=run, folder=folder):
                 record, remote = self._opened(run, folder)
                 if not record.closed:
-                    backend.end_sending(run, record, remote)
+                    backend.end_sending(run, record, remote, folder=folder)
                 record.unlock()
                 del self._open[run.run_id]
             case Shutdown():

@@ -151,7 +151,7 @@ def sync_run(backend: TrackerBackend, folder: str, step: Step = unbounded) -> tu
                     stacklevel=2,
                 )
         if (ending and not record.closed) or record.unconfirmed:
-            backend.end_sending(run, record, remote, step)
+            backend.end_sending(run, record, remote, step, folder=folder)
     finally:
         record.unlock()
     return files, rows

@@ -35,10 +35,13 @@ tracker sends is read with `lox_backends.trackers.tables`.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lox_backends.logger import shutdown
 from lox_backends.parquet import ParquetBackend
@@ -47,7 +50,7 @@ from lox_backends.plugin.config import BackendConfig, Option, mask_secrets
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.filesystems import check_writable
 from lox_backends.runstore.layout import DEFAULT_DIR, TIME_METADATA
-from lox_backends.runstore.reader import BatchFile
+from lox_backends.runstore.reader import BatchFile, read_run_json, run_files
 from lox_backends.runstore.sent import SentRecord
 from lox_backends.trackers.sending import Follower, Sender
 from lox_backends.trackers.tables import Batch
@@ -84,10 +87,21 @@ class TrackerBackend(hooks.Backend):
       died right after creating it): look for it before creating another.
     * `send(run, remote, batch)`: send one `Batch` (a batch file's table:
       rows of one run, ordered by step) with the tracker's batch API.
+    * `send_summary(run, remote, values)` (optional): the run's summary, when
+      it ends, before `end_run`: names to values (`summary_values`).
     * `end_run(run, remote)`: the run ended; `ended_status(run)` says how:
       ``"finished"``, ``"failed"`` (logs were lost, or the program raised), or
       ``"killed"`` (``lox sync`` of a run whose process died): tell the
       tracker, if it has the notion. `shutdown()`: no more runs.
+
+    A run opened again by id (`hooks.RunInfo.resumed`, after a preemption)
+    reaches `start_run` with the `remote` its earlier process recorded:
+    continue that run. Its batch files written before it was resumed that did
+    not reach the tracker are sent first, without the rows `from_step`
+    supersedes. Where rows of those steps reached the tracker before
+    (`superseded_sent`), a tracker drops them if it can (TensorBoard's purge,
+    W&B's rewind); one that cannot says what it shows in `keeps_superseded`,
+    which lox warns with.
 
     Raise on failure: lox retries the call with backoff when `transient`
     says the error may pass, and otherwise reports it once and skips the batch
@@ -106,6 +120,8 @@ class TrackerBackend(hooks.Backend):
     tracker = "tracker"
     confirms_at_end = False
     syncing = False  # True while `lox sync` sends (see `start_run`)
+    # What the tracker shows of steps >= from_step that reached it before a resume, if it keeps them: warned.
+    keeps_superseded: str | None = None
     OPTIONS = COMMON_OPTIONS  # a subclass adds its own: OPTIONS = {"project": Option(...), **TrackerBackend.OPTIONS}
 
     def __init__(self, target: str | None = None, options: dict[str, str] | None = None):
@@ -120,6 +136,7 @@ class TrackerBackend(hooks.Backend):
             self._create_log()
         self.sender = Sender(self)  # the sending thread, fed by `_follower`
         self._gave_up_at: tuple[int, int] | None = None  # `sender.progress()` when a wait last timed out
+        self._superseded: dict[str, bool] = {}  # run id -> `superseded_sent`
 
     # --- what subclasses implement ---------------------------------------------------
     def destination(self) -> str:
@@ -131,8 +148,16 @@ class TrackerBackend(hooks.Backend):
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
         raise NotImplementedError
 
+    def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict[str, Any]) -> None:
+        """The run's summary (`summary_values`), as it ended; `end_run` follows."""
+
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
         """The run finished (after its last `send`)."""
+
+    def superseded_sent(self, run: hooks.RunInfo) -> bool:
+        """In `start_run` of a resumed run with a `from_step`: whether rows at
+        steps from it on reached this tracker before it was resumed."""
+        return self._superseded.get(run.run_id, False)
 
     def shutdown(self) -> None:
         """Called once, after the last run, in the sending thread."""
@@ -291,6 +316,19 @@ class TrackerBackend(hooks.Backend):
                 "lox sync leaves live runs to it"
             )
         try:
+            if run.resumed:
+                with step(f"reading what was sent of run {run.name!r}", folder):
+                    record.reopen()  # ended at the tracker again, when it ends now
+                    self._superseded[run.run_id] = run.from_step is not None and _sent_from(
+                        folder, record, run.run_id, run.from_step)
+                if self._superseded[run.run_id] and self.keeps_superseded:
+                    warnings.warn(
+                        f"lox: run {run.name!r} was resumed from step {run.from_step}, and {self.spec()} had "
+                        f"values of steps from {run.from_step} on from before: {self.keeps_superseded}. lox.load "
+                        f"and the local log {self.local_root!r} hold each step once.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             with step(f"opening run {run.name!r}", None):
                 remote = self.start_run(run, record.remote)
             if remote != record.remote:
@@ -302,15 +340,21 @@ class TrackerBackend(hooks.Backend):
         return record, remote
 
     def send_file(self, run: hooks.RunInfo, record: SentRecord, remote: dict, file: BatchFile,
-                  step: Step = unbounded) -> int:
+                  step: Step = unbounded, superseded_from: int | None = None) -> int:
         """Send the run's rows of one batch file (`send`) unless they were
         sent before, and record it as sent (once the run ends, if
-        `confirms_at_end`); the number of rows sent."""
+        `confirms_at_end`); the number of rows sent. Rows whose ``step`` is
+        `superseded_from` or more are left out (a file written before the
+        run was resumed from that step)."""
         name = file.name
         if name in record.files or name in record.unconfirmed:
             return 0
         with step(f"reading {file.path}", file.path):
             table = file.read()
+            if superseded_from is not None and "step" in table.column_names:
+                # pyarrow.compute defines its functions at import time, unseen by type checkers.
+                later = pc.greater_equal(table.column("step"), superseded_from)  # pyright: ignore[reportAttributeAccessIssue]
+                table = table.filter(pc.invert(pc.fill_null(later, False)))  # pyright: ignore[reportAttributeAccessIssue]
             meta = table.schema.metadata or {}
             time_ms = int(meta[TIME_METADATA]) if TIME_METADATA in meta else int(filesystems.mtime(file.path) * 1000)
         with step(f"sending {filesystems.basename(file.path)} of run {run.name!r}", None):
@@ -323,10 +367,41 @@ class TrackerBackend(hooks.Backend):
                 record.add_file(name)
         return table.num_rows
 
-    def end_sending(self, run: hooks.RunInfo, record: SentRecord, remote: dict, step: Step = unbounded) -> None:
-        """End the tracker's run (`end_run`), and record the run as sent,
-        with the files that wait for its end (`confirms_at_end`)."""
+    def send_earlier(self, run: hooks.RunInfo, record: SentRecord, remote: dict, folder: str,
+                     names: frozenset[str], step: Step = unbounded) -> None:
+        """A resumed run: send its batch files written before it was resumed
+        (`names`, of its group's batches folder then) that did not reach the
+        tracker, without the rows its `from_step` supersedes; one the tracker
+        refuses is warned about (it stays in the local log, for ``lox sync``)."""
+        with step(f"listing the batch files of run {run.name!r}", folder):
+            files = [file for file in run_files(folder) if file.name in names]
+        for file in files:
+            try:
+                self.send_file(run, record, remote, file, step, superseded_from=run.from_step)
+            except Exception as error:  # noqa: BLE001 - retried when transient, else the next file
+                if self.worth_retrying(error):
+                    raise
+                warnings.warn(
+                    f"lox: {self.spec()} refused {file.name} of run {run.name!r} ({type(error).__name__}: "
+                    f"{mask_secrets(str(error))}); it stays in {self.local_root!r} (send it later with "
+                    f"`lox sync {self.local_root} --to '{self.spec()}'`).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    def end_sending(self, run: hooks.RunInfo, record: SentRecord, remote: dict, step: Step = unbounded,
+                    folder: str | None = None) -> None:
+        """End the tracker's run (`end_run`), after sending its summary
+        (`send_summary`, from the ``_run.json`` in `folder` if given, when it
+        holds one), and record the run as sent, with the files that wait for
+        its end (`confirms_at_end`)."""
+        values: dict[str, Any] = {}
+        if folder is not None:
+            with step(f"reading the summary of run {run.name!r}", folder):
+                values = summary_values((read_run_json(folder, missing_ok=True) or {}).get("summary"))
         with step(f"closing run {run.name!r}", None):
+            if values:
+                self.send_summary(run, remote, values)
             self.end_run(run, remote)
         with step(f"recording that run {run.name!r} was sent", record.path):
             for name in record.unconfirmed:
@@ -336,6 +411,55 @@ class TrackerBackend(hooks.Backend):
 
 
 ENDED = ("finished", "failed", "killed")  # the statuses of a run that ended
+SUMMARY_STATS = ("last", "min", "max", "count")  # of each series, in a run's summary
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # as _run.json writes them
+
+
+def summary_values(summary: Any) -> dict[str, Any]:
+    """A run's summary as ``_run.json`` holds it (``{"keys": {series: {"last",
+    "min", "max", "count"}}, "values": {...}}``, `lox_backends.runstore.layout`)
+    as the names trackers get, those of the table of runs: ``<key>.last``,
+    ``<key>.min``, ``<key>.max``, ``<key>.count`` of each series (but nulls), then
+    the values given by ``logger.summary``.
+
+    >>> summary_values({"keys": {"loss": {"last": 0.5, "min": 0.25, "max": "Infinity", "count": 3}},
+    ...                 "values": {"best_acc": 0.9}})
+    {'loss.last': 0.5, 'loss.min': 0.25, 'loss.max': inf, 'loss.count': 3, 'best_acc': 0.9}
+    """
+    if not isinstance(summary, dict):
+        return {}
+    values: dict[str, Any] = {}
+    for key, stats in (summary.get("keys") or {}).items():
+        for stat in SUMMARY_STATS:
+            value = stats.get(stat) if isinstance(stats, dict) else None
+            if isinstance(value, str):
+                value = _NON_FINITE.get(value)
+            if value is not None:
+                values[f"{key}.{stat}"] = value
+    values.update(summary.get("values") or {})
+    return values
+
+
+def _sent_from(folder: str, record: SentRecord, run_id: str, from_step: int) -> bool:
+    """Whether the batch files of the run in `folder` that `record` lists as
+    sent hold rows of it at steps `from_step` or more (as written: rows a
+    resume superseded count). Read from the last sent file back, only the
+    ``step`` column, until a file below `from_step`."""
+    sent = [file for file in run_files(folder) if file.name in record.files]
+    for file in reversed(sent):
+        source = pa.BufferReader(filesystems.read_buffer(file.path)) if filesystems.is_uri(file.path) else file.path
+        parquet = pq.ParquetFile(source)
+        if "step" not in parquet.schema_arrow.names:
+            continue
+        steps = parquet.read(columns=["step"]).column("step")
+        if file.rows is not None:
+            steps = steps.slice(*file.rows)
+        found = steps.drop_null().to_numpy()
+        if found.size and (found >= from_step).any():
+            return True
+        if found.size:
+            return False  # steps grow from file to file: the earlier files are below it too
+    return False
 
 
 def ended_status(run: hooks.RunInfo) -> str:

@@ -29,7 +29,17 @@ What goes where:
   writer into its own event file; and a text summary ``_lox/run`` (a table:
   name, run id, group, index and the metadata) in the TEXT dashboard;
   ``logger.finish`` ends the session (status: success; failure for a run
-  that failed, or that ``lox sync`` finds killed). tensorboardX's
+  that failed, or that ``lox sync`` finds killed).
+* The run's summary, when it ends (``loss.last``, ``loss.min``, ``loss.max``,
+  ``loss.count`` of each key, and the values given by ``logger.summary``;
+  numbers and bools), becomes scalars ``summary/<name>`` at the run's last
+  step: the HPARAMS dashboard lists them as metrics, so its table shows each
+  run's final and best values beside its hparams.
+* A run resumed by id (``logger.init(run_id=..., resume="allow")``) goes on in
+  its folder, in a new event file. With ``from_step=N`` that file starts with
+  a restart marker at step N (``SessionLog.START``, what tensorboardX's
+  ``purge_step`` writes): TensorBoard drops the events of steps N and above
+  written before it, so each step shows once. tensorboardX's
   ``add_hparams`` is not used: it writes a second event file, and TensorBoard's
   Python reader then stops reading the first one, which holds the scalars.
 
@@ -70,6 +80,7 @@ FILE_VERSION = "brain.Event:2"
 RUN_TAG = "_lox/run"  # the text summary of the run and its metadata
 HPARAMS_TAG = "_hparams_/session_start_info"  # what TensorBoard's HPARAMS dashboard reads
 HPARAMS_END_TAG = "_hparams_/session_end_info"
+SUMMARY_PREFIX = "summary/"  # the tags of a run's summary values
 STATUS_SUCCESS, STATUS_FAILURE = 1, 2  # tensorboard.hparams.Status
 FALLBACK_BINS = 64  # for arrays beyond TensorFlow's buckets (|x| > 1e20)
 _UNSAFE = re.compile(r'[\\/:*?"<>|\x00-\x1f]+')  # not in a folder name
@@ -124,6 +135,8 @@ class TensorboardBackend(TrackerBackend):
         if writer is None:
             folder = remote["folder"] if remote and remote.get("folder") else self._choose_folder(run)
             writer = _RunWriter(self._tbx, self.logdir, folder, run.run_id)
+            if run.resumed and run.from_step is not None:
+                writer.purge(run.from_step)
             if not writer.has_metadata:
                 writer.write_metadata(run)
             self._writers[run.run_id] = writer
@@ -131,6 +144,11 @@ class TensorboardBackend(TrackerBackend):
 
     def send(self, run: hooks.RunInfo, remote: dict, batch: Batch) -> None:
         self._writers[run.run_id].write_batch(batch)
+
+    def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict) -> None:
+        numbers = {name: float(value) for name, value in values.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, str)}
+        self._writers[run.run_id].write_summary(numbers)
 
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
         writer = self._writers.pop(run.run_id, None)
@@ -177,6 +195,7 @@ class _Tbx:
         self.HParamsPluginData = hparams_pb2.HParamsPluginData
         self.SessionStartInfo = hparams_pb2.SessionStartInfo
         self.SessionEndInfo = hparams_pb2.SessionEndInfo
+        self.SessionLog = event_pb2.SessionLog
         self.TextPluginData = text_pb2.TextPluginData
         self.RecordWriter = record_writer
         self.make_histogram = make_histogram
@@ -202,6 +221,7 @@ class _RunWriter:
         os.makedirs(path, exist_ok=True)
         self.seen: collections.Counter = collections.Counter()  # (wall time, step, tag) written before
         self.has_metadata = False
+        self.last_step = 0  # the greatest step of the run's events (where its summary goes)
         sessions = []
         for name in _event_files(path):
             session = _own_file(name, run_id)
@@ -220,6 +240,28 @@ class _RunWriter:
                 if value.tag == RUN_TAG:
                     self.has_metadata = True
                 self.seen[(event.wall_time, event.step, value.tag)] += 1
+            if event.HasField("session_log") and event.session_log.status == self.tbx.SessionLog.START:
+                self.last_step = min(self.last_step, event.step)  # what TensorBoard keeps of the run
+            elif event.summary.value:
+                self.last_step = max(self.last_step, event.step)
+
+    def purge(self, step: int) -> None:
+        """TensorBoard drops the events of `step` and above written before
+        this (a restart marker, as tensorboardX's ``purge_step`` writes it)."""
+        tbx = self.tbx
+        marker = tbx.Event(wall_time=time.time(), step=step, session_log=tbx.SessionLog(status=tbx.SessionLog.START))
+        self._file.write(marker.SerializeToString())
+        self._file.flush()
+        self.last_step = min(self.last_step, step)
+
+    def write_summary(self, values: dict[str, float]) -> None:
+        """The run's summary values, as scalars ``summary/<name>`` at its last step."""
+        if values:
+            tbx = self.tbx
+            summary = tbx.Summary(value=[tbx.Value(tag=f"{SUMMARY_PREFIX}{name}", simple_value=value)
+                                         for name, value in values.items()])
+            self._file.write(tbx.Event(wall_time=time.time(), step=self.last_step, summary=summary).SerializeToString())
+            self._file.flush()
 
     def write_metadata(self, run: hooks.RunInfo) -> None:
         tbx, now = self.tbx, time.time()
@@ -293,6 +335,7 @@ class _RunWriter:
                 records.append(tbx.Event(wall_time=wall, step=step, summary=tbx.Summary(value=[value])))
         for record in records:
             self._file.write(record.SerializeToString())
+            self.last_step = max(self.last_step, record.step)
         self._file.flush()
 
     def _scalar_events(self, wall: float, steps: np.ndarray, tags: np.ndarray, values: np.ndarray) -> list:

@@ -34,6 +34,20 @@ What goes where:
   exit code 137, as a process killed by SIGKILL. W&B's console capture is off
   for these runs (one process's output, many runs).
 
+The run's summary, when it ends, goes to the W&B run's summary: ``loss.last``,
+``loss.min``, ``loss.max``, ``loss.count`` of each key (beside W&B's own
+``loss``, its last value), and the values given by ``logger.summary``.
+
+A run resumed by id (``logger.init(run_id=..., resume="allow")``) goes on in
+the same W&B run (``resume="allow"``). With ``from_step=N`` (N > 0), online,
+or where values of steps N and above reached W&B before, the W&B run is
+rewound to step N - 1 (``resume_from="<id>?_step=<N-1>"``, W&B's rewind: its
+history after that step is dropped, and the run goes on from step N). Offline,
+the new offline folder records the rewind, which ``wandb sync`` applies. A run
+whose process was killed had nothing confirmed (see below): its new offline
+folder holds the whole run, each step once. W&B cannot rewind to before step
+0: with ``from_step=0`` the values sent before stay, and lox warns.
+
 W&B keeps one value per key and step, and drops a row whose step is below the
 one it has reached. lox orders each batch by step and merges the batches of
 one step into one row, but a value logged at an earlier step than W&B has
@@ -127,6 +141,7 @@ class WandbBackend(TrackerBackend):
         self._wandb, self._CommError = wandb, CommError
         self._open_runs: dict[str, _WandbRun] = {}
         self._resume: dict[str, bool] = {}  # run_id -> whether its W&B run may exist
+        self._rewind: dict[str, int] = {}  # run_id -> the step its W&B run is rewound to (resumed from_step)
         if self.mode == "online":
             self._check_credentials()
 
@@ -155,6 +170,18 @@ class WandbBackend(TrackerBackend):
     def start_run(self, run: hooks.RunInfo, remote: dict | None) -> dict:
         # A run that an earlier process started (its id is on record) is resumed.
         self._resume[run.run_id] = remote is not None
+        self._rewind.pop(run.run_id, None)
+        if run.resumed and run.from_step is not None and (self.mode == "online" or self.superseded_sent(run)):
+            if run.from_step > 0:
+                self._rewind[run.run_id] = run.from_step - 1
+            elif self.superseded_sent(run):
+                warnings.warn(
+                    f"lox: run {run.name!r} was resumed from step 0, and W&B cannot rewind a run to before its "
+                    "first step: the values W&B had keep their steps, and it drops the new ones below the step it "
+                    f"had reached. lox.load and the local log {self.local_root!r} hold each step once.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         remote = {"id": remote["id"]} if remote and remote.get("id") else {"id": wandb_id(run.run_id)}
         if self.mode != "disabled":
             # Now, while the program runs: W&B starts threads, which Python
@@ -176,6 +203,10 @@ class WandbBackend(TrackerBackend):
         state.sent(rows)
         state.warn_about_losses(self.local_root)
 
+    def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict) -> None:
+        if self.mode != "disabled":
+            self._run(run, remote).run.summary.update({_name(name): value for name, value in values.items()})
+
     def end_run(self, run: hooks.RunInfo, remote: dict) -> None:
         if self.mode == "disabled":
             return
@@ -196,6 +227,9 @@ class WandbBackend(TrackerBackend):
         if state is None:
             wandb = self._wandb
             settings = {"console": "off", "quiet": True}
+            rewind = self._rewind.get(run.run_id)
+            resume = {"resume_from": f"{remote['id']}?_step={rewind}"} if rewind is not None else {
+                "resume": "allow" if self._resume.get(run.run_id) else None}
             if self.syncing:  # no system metrics of the machine that runs `lox sync`
                 settings.update(x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True)
             started = wandb.init(
@@ -207,11 +241,12 @@ class WandbBackend(TrackerBackend):
                 config=dict(run.metadata),
                 dir=self.wandb_dir,
                 mode=self.mode,
-                resume="allow" if self._resume.get(run.run_id) else None,
                 reinit="create_new",
                 settings=wandb.Settings(**settings),
+                **resume,
             )
-            state = self._open_runs[run.run_id] = _WandbRun(run, started, wandb)
+            state = self._open_runs[run.run_id] = _WandbRun(run, started, wandb,
+                                                            start=0 if rewind is None else rewind + 1)
             self.flush_before_exit_handlers()  # W&B's own handler would finish the run first
         return state
 
@@ -226,13 +261,14 @@ class WandbBackend(TrackerBackend):
 class _WandbRun:
     """A W&B run being sent to, and the row it has open (its latest step)."""
 
-    def __init__(self, info: hooks.RunInfo, run, wandb):
+    def __init__(self, info: hooks.RunInfo, run, wandb, start: int = 0):
         self.info = info
         self.run = run
         self.wandb = wandb
         self.file = run.settings.sync_file  # the offline transaction log, `run-<id>.wandb`
-        # A resumed online run goes on after its last step; below it, W&B has the rows from before.
-        self.start = max(int(run.step or 0), 0)
+        # A resumed online run goes on after its last step (a rewound one, after the step
+        # it was rewound to: `start`); below it, W&B has the rows from before.
+        self.start = max(int(run.step or 0), start)
         self.step: int | None = None  # the W&B step of the open row
         self.row: dict = {}  # what the open row holds so far
         self.x_axes: set[str] = set()  # keys whose x axis is another step name

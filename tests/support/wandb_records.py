@@ -86,6 +86,7 @@ class OfflineRun:
     history: list[dict]  # one dict per history row: key -> value (from JSON), with "_step"
     complete: bool  # the file holds W&B's exit record (the run finished)
     config_updates: list = dataclasses.field(default_factory=list)
+    summary: dict = dataclasses.field(default_factory=dict)  # key -> value, as the run's summary updates left it
 
     @property
     def config(self) -> dict:
@@ -107,7 +108,7 @@ def read_run(path: str) -> OfflineRun:
     """The run, history and completeness of one ``run-<id>.wandb`` file (W&B
     writes it in whole blocks until the run finishes: while it runs, or after
     its process was killed, the file may not even hold the run record yet)."""
-    run, history, complete, configs = None, [], False, []
+    run, history, complete, configs, summary = None, [], False, [], {}
     for record in records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -120,11 +121,14 @@ def read_run(path: str) -> OfflineRun:
                 key = item.key or "/".join(item.nested_key)
                 row[key] = json.loads(item.value_json)
             history.append(row)
+        elif kind == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
         elif kind == "exit":
             complete = True
     run_id = os.path.basename(path)[len("run-") : -len(".wandb")]
     assert run is None or run.run_id == run_id, path
-    return OfflineRun(path, run_id, run, history, complete, configs)
+    return OfflineRun(path, run_id, run, history, complete, configs, summary)
 
 
 def offline_runs(wandb_dir: str, run_id: str | None = None) -> list[OfflineRun]:

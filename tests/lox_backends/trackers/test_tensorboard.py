@@ -38,6 +38,9 @@ STEPS_PER_EPOCH = 4
 EVERYTHING = {ea.SCALARS: 0, ea.HISTOGRAMS: 0, ea.TENSORS: 0}  # keep every event (no sampling)
 
 
+SUMMARY_TAGS = ["summary/loss.count", "summary/loss.last", "summary/loss.max", "summary/loss.min"]  # sorted
+
+
 def train(w, epoch):
     """Halves w every step; logs loss = w², a 3-vector and the epoch."""
 
@@ -103,8 +106,13 @@ def test_seeds_become_run_folders_with_every_value_at_its_step(tmp_path):
         assert name.startswith("events.out.tfevents.") and name.endswith(f".{run.run_id}.0")
         events = expected(w0, 3)
         tb = read(folder)
-        assert sorted(tb.Tags()["scalars"]) == ["epoch", "loss"]
+        assert sorted(tb.Tags()["scalars"]) == ["epoch", "loss", *SUMMARY_TAGS]
         assert scalar_series(tb, "loss") == [(s, v) for s, _, v, _ in events]
+        # The run's summary, at its last step: the loss's last, least and greatest value, and count.
+        losses = [v for _, _, v, _ in events]
+        stats = (len(losses), losses[-1], max(losses), min(losses))  # as SUMMARY_TAGS name them
+        assert [scalar_series(tb, tag) for tag in SUMMARY_TAGS] == [
+            [(events[-1][0], float(np.float32(value)))] for value in stats]
         assert scalar_series(tb, "epoch") == [(s, float(e)) for s, e, _, _ in events]
         histograms = tb.Histograms("grad")
         assert [h.step for h in histograms] == [s for s, _, _, _ in events]
@@ -171,7 +179,7 @@ def test_metadata_becomes_hparams_without_hiding_the_scalars(tmp_path):
 
     experiment, groups, provider = hparams_sessions(tmp_path / "tb")
     assert sorted(h.name for h in experiment.hparam_infos) == ["key", "lr", "w0"]
-    assert sorted(m.name.tag for m in experiment.metric_infos) == ["epoch", "loss"]
+    assert sorted(m.name.tag for m in experiment.metric_infos) == ["epoch", "loss", *SUMMARY_TAGS]
     runs = {g.name: g for g in groups}
     assert sorted(runs) == [f"{logger.group}/seed-0", f"{logger.group}/seed-1"]
     for index, (w0, run) in enumerate(zip([1.0, 2.0], logger.runs(), strict=True)):
@@ -183,10 +191,13 @@ def test_metadata_becomes_hparams_without_hiding_the_scalars(tmp_path):
         last_step, _, last_loss, _ = expected(w0, 2)[-1]
         loss = next(m for m in session.metric_values if m.name.tag == "loss")
         assert (loss.training_step, loss.value) == (last_step, last_loss)
+        # The HPARAMS table's columns of the run's summary: its best loss among them.
+        least = next(m for m in session.metric_values if m.name.tag == "summary/loss.min")
+        assert (least.training_step, least.value) == (last_step, min(v for _, _, v, _ in expected(w0, 2)))
     # TensorBoard's server lists the scalars of each run, hparams or not.
     listed = provider.list_scalars(context.RequestContext(), experiment_id="", plugin_name="scalars")
     assert {run: sorted(tags) for run, tags in listed.items()} == {
-        f"{logger.group}/seed-{i}": ["epoch", "loss"] for i in range(2)}
+        f"{logger.group}/seed-{i}": ["epoch", "loss", *SUMMARY_TAGS] for i in range(2)}
 
 
 def test_tensorboardx_add_hparams_in_the_run_folder_hides_the_scalars_written_after_it(tmp_path):
@@ -232,7 +243,7 @@ def test_keys_of_any_characters_steps_of_any_integer_type_and_values_of_any_dtyp
     logger.finish(state)
     (run,) = logger.runs()
     tb = read(tmp_path / "tb" / run.group / "keys")
-    assert sorted(tb.Tags()["scalars"]) == sorted(values)
+    assert sorted(tag for tag in tb.Tags()["scalars"] if not tag.startswith("summary/")) == sorted(values)
     assert scalar_series(tb, "train/loss") == [(0, 0.5), (1, 0.25)]
     assert scalar_series(tb, "ünïcödé key") == [(2**31, 1.5), (2**33, -2.0)]
     assert scalar_series(tb, "with spaces / and slashes") == [(-1, 1.0), (3, 0.0)]
