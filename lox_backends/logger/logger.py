@@ -273,7 +273,8 @@ class Logger:
         """Every run this logger opened, in order, with its `status`: "running"
         until `finish` (or the exit) closed it and every backend wrote what was
         logged to it; then "finished", or "failed" where a backend lost some of
-        its logs or the program ended by an uncaught exception."""
+        its logs or the program ended by an uncaught exception, or "killed"
+        where SIGTERM ended the process (`lox_backends.logger.shutdown`)."""
         return [self._current(run) for run in self._runs.all()]
 
     def _current(self, run: hooks.RunInfo) -> hooks.RunInfo:
@@ -285,7 +286,7 @@ class Logger:
         elif any(outlet.holds(run.run_id) for outlet in self._outlets):
             status = "running"  # its end waits for a backend that cannot write yet
         else:
-            status = "finished"
+            status = run.status  # "finished", or "killed" by SIGTERM
         return dataclasses.replace(run, status=status)
 
     # --- logging -------------------------------------------------------------------
@@ -621,14 +622,15 @@ class Logger:
                     then: Callable[[], None] | None = None) -> None:
         """`closing`'s `close_run` to every backend after what was logged to them,
         each backend told how the run ended for it (`RunInfo.status`: "failed"
-        where logs were lost)."""
+        where logs were lost; "killed" when SIGTERM ends the process)."""
         # At exit, after an uncaught exception, or a host callback's that nothing raised again (the process ends with 1)
         exited_by_error = shutdown.exiting() and (getattr(sys, "last_value", None) is not None
                                                   or failures.pending is not None)
+        ended = "killed" if shutdown.terminated() else "finished"  # SIGTERM (a preemption): interrupted, to resume
 
         def status(run: hooks.RunInfo, outlet: BackendWorker) -> str:
             failed = exited_by_error or run.run_id in self._lost_runs or run.run_id in outlet.lost_runs
-            return "failed" if failed else "finished"
+            return "failed" if failed else ended
 
         def close_run(run: hooks.RunInfo) -> None:
             self._runs.mark_finished(run)  # in order with the logs: what arrives later is refused
@@ -638,7 +640,7 @@ class Logger:
                                 "close_run")
 
         for run in closing:  # ended: `runs` tells how (`_current`)
-            self._runs.set_status(run.index, "failed" if exited_by_error else "finished")
+            self._runs.set_status(run.index, "failed" if exited_by_error else ended)
         self._finish_tasks([lambda run=run: close_run(run) for run in closing], timeout, then)
 
     def write_received(self, timeout: float | None = None) -> None:

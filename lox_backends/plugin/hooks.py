@@ -46,7 +46,9 @@ class RunInfo:
     (JSON-compatible values). `status` is ``"running"`` until the run ends; the
     run `close_run` receives says how it ended: ``"finished"`` (everything
     logged to it was written), ``"failed"`` (logs were lost, or the program
-    raised); a run read back later may also be ``"killed"`` (its process died).
+    raised), ``"killed"`` (SIGTERM ended the process, a preemption: everything
+    logged to it was written, and the run may be resumed); a run read back
+    later is also ``"killed"`` where its process died.
 
     A run opened again by id (``logger.init(run_id=..., resume="allow")``, after
     a preemption) has `resumed` set: a backend continues the run it has under

@@ -47,9 +47,10 @@ A JSON object (non-finite floats written as the strings ``"NaN"``,
     metadata     what ``logger.init(**metadata)`` was given
     created      when it was opened: ISO-8601, UTC
     lox_version  the lox that wrote it (null from a source tree)
-    status       "running", then "finished" (everything logged was written) or "failed"
-                 (logs lost, or an error); readers report a "running" run whose writer is
-                 gone as "killed"
+    status       "running", then "finished" (everything logged was written), "failed"
+                 (logs lost, or an error) or "killed" (SIGTERM ended the process, e.g. a
+                 preemption: everything logged was written; `lox_backends.logger.shutdown`);
+                 readers report a "running" run whose writer is gone as "killed" too
     batches      where its rows are: "<group>.batches", relative to DIR (absent: lox 0.1,
                  its rows in its own folder)
     host, pid    its writer's host and process

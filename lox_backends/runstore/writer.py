@@ -149,7 +149,7 @@ class RunStoreWriter:
             if run.run_id in state.group.pending or state.group.uploads:
                 self._write_pending(state.group)
             self._sync()
-            state.info["status"] = run.status if run.status in ("finished", "failed") else "finished"
+            state.info["status"] = run.status if run.status in ("finished", "failed", "killed") else "finished"
             state.info["ended"] = _now()
             state.info["rows"] = state.rows
             self._write_run_json(state)

@@ -2,10 +2,13 @@
 has what it logged written and its runs closed, by every live logger; lox's exit flush runs
 before a tracker client's own exit handler once the tracker asks for it
 (`flush_before_exit_handlers`); a logger that cannot flush at exit is warned about and the
-others are closed all the same."""
+others are closed all the same. On a real SIGTERM (a preemption), what was logged is written,
+the runs end "killed" and the process ends by SIGTERM, within a bound whatever a backend or a
+program on the device does; a SIGTERM handler of the user's, or JAX's below Python, is left alone."""
 
 import gc
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,6 +16,7 @@ import warnings
 import weakref
 
 import pytest
+from logs_testing import free_port
 
 import lox
 from lox_backends.logger import shutdown
@@ -232,3 +236,189 @@ def test_a_callback_error_nothing_raised_again_ends_the_process_after_the_flush_
     (info,) = reader.runs(runs)
     assert info["status"] == "failed"
     assert lox.load(runs)[info["run_id"]]["x"].tolist() == [3.0]
+
+
+# --- SIGTERM ---------------------------------------------------------------------------------
+def terminated(tmp_path, body: str, wait_for: str = "ready") -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run `body` as a script; once it prints `wait_for`, send it a real SIGTERM; what it did and printed."""
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(body))
+    process = subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    printed = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        printed.append(line.strip())
+        if line.strip() == wait_for:
+            break
+    else:
+        process.wait(timeout=60)
+        pytest.fail(f"the script ended before printing {wait_for!r}: {process.stderr.read() if process.stderr else ''}")
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    printed += out.splitlines()
+    return subprocess.CompletedProcess(process.args, process.returncode, "\n".join(printed), err), printed
+
+
+def test_on_sigterm_what_was_logged_is_written_the_runs_end_killed_and_the_process_ends_by_sigterm(tmp_path):
+    """SLURM, Kubernetes and the clouds' preemptions send SIGTERM: lox writes what it holds (the logger
+    flushes once an hour here: none of it would be on disk otherwise) and the process still ends as
+    SIGTERM ends it."""
+    runs = tmp_path / "runs"
+    done, printed = terminated(tmp_path, f"""
+        import signal, time
+        import jax, numpy as np, lox
+
+        logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+        print(signal.getsignal(signal.SIGTERM).__qualname__, flush=True)
+        single = logger.init(name="single")
+        seeds = jax.vmap(lambda key: logger.init(key, name="seed"))(jax.random.split(jax.random.key(0), 2))
+        for i in range(5):
+            logger.log(single, lox.logdict({{"x": np.array([float(i)])}}, {{"step": {{"x": np.array([i])}}}}))
+            steps = {{"step": {{"x": np.array([[i], [i]])}}}}
+            logger.log(seeds, lox.logdict({{"x": np.array([[i], [10.0 + i]])}}, steps))
+        logger.write_received()  # (only so that what the script logged reached the logger before the signal)
+        print("ready", flush=True)
+        time.sleep(120)  # training goes on: SIGTERM comes
+        print("not reached", flush=True)
+    """)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert printed == ["on_sigterm", "ready"]
+    assert done.stderr == ""
+    expected = {"single": [0.0, 1.0, 2.0, 3.0, 4.0], "seed-0": [0.0, 1.0, 2.0, 3.0, 4.0],
+                "seed-1": [10.0, 11.0, 12.0, 13.0, 14.0]}
+    saved = {info["name"]: info for info in reader.runs(runs)}
+    assert {name: (info["status"], info["rows"]) for name, info in saved.items()} == {
+        name: ("killed", 5) for name in expected}
+    assert all("ended" in info for info in saved.values())
+    logs = lox.load(runs)
+    for name, x in expected.items():
+        run = logs[saved[name]["run_id"]]
+        assert run["x"].tolist() == x and run.step["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_sigterm_handler_of_the_users_is_left_alone_and_logger_flush_from_it_writes_the_logs(tmp_path):
+    """A handler installed before the first Logger stays SIGTERM's handler (lox installs none); the
+    user's handler runs, and `logger.flush()` from it writes what was logged (the documented call)."""
+    runs = tmp_path / "runs"
+    done, printed = terminated(tmp_path, f"""
+        import signal, sys, time
+        import numpy as np, lox
+
+        def mine(signum, frame):
+            logger.flush()
+            print("the user's handler flushed", flush=True)
+            sys.exit(3)
+
+        signal.signal(signal.SIGTERM, mine)
+        logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+        print(signal.getsignal(signal.SIGTERM).__qualname__, flush=True)
+        state = logger.init(name="mine")
+        for i in range(3):
+            logger.log(state, lox.logdict({{"x": np.array([float(i)])}}, {{"step": {{"x": np.array([i])}}}}))
+        print("ready", flush=True)
+        time.sleep(120)
+    """)
+    assert done.returncode == 3, done.stderr
+    assert printed == ["mine", "ready", "the user's handler flushed"]
+    (info,) = reader.runs(runs)
+    assert info["status"] == "finished"  # the user's handler ended the process by sys.exit: the exit flush closed it
+    assert lox.load(runs)[info["run_id"]]["x"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_the_first_logger_made_in_the_main_thread_installs_the_handler_not_one_made_in_another_thread(tmp_path):
+    done = script(tmp_path, """
+        import json, signal, threading
+        import lox
+
+        seen = []
+        in_a_thread = threading.Thread(target=lambda: seen.append(
+            [lox.loggers.from_config("memory"), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL][1]))
+        in_a_thread.start()
+        in_a_thread.join()
+        logger = lox.loggers.from_config("memory")
+        seen.append(signal.getsignal(signal.SIGTERM).__qualname__)
+        print(json.dumps(seen))
+    """)
+    assert last_json(done) == [True, "on_sigterm"]
+
+
+def test_jaxs_preemption_notifier_below_python_is_not_replaced(tmp_path):
+    """``jax.distributed.initialize`` installs a SIGTERM handler in C (its preemption notifier, for
+    `multihost_utils.reached_preemption_sync_point`), which Python still reports as SIG_DFL: lox
+    leaves it in place."""
+    done = script(tmp_path, f"""
+        import json, signal
+        import jax, lox
+
+        jax.distributed.initialize("127.0.0.1:{free_port()}", num_processes=1, process_id=0)
+        logger = lox.loggers.from_config("memory")
+        print(json.dumps(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL))
+        jax.distributed.shutdown()
+    """)
+    assert last_json(done) is True
+
+
+HANGS = """
+    import signal, threading, time
+    import jax, jax.numpy as jnp, numpy as np, lox
+    from lox_backends.logger import shutdown
+    from lox_backends.plugin import hooks
+
+    shutdown.SIGTERM_WAIT = 3.0  # (lox's own 20 s is for the grace period of schedulers, 30 s)
+
+    class Hangs(hooks.Backend):
+        def write(self, run, table):
+            threading.Event().wait()  # a store that never answers
+"""
+
+
+def test_on_sigterm_a_backend_that_hangs_keeps_neither_the_process_nor_the_other_backends_from_ending(tmp_path):
+    runs = tmp_path / "runs"
+    done, printed = terminated(tmp_path, HANGS + f"""
+    logger = lox.loggers.Logger([lox.loggers.from_config("parquet:{runs}").backends[0], Hangs()], flush_every=3600)
+    state = logger.init(name="r")
+    for i in range(3):
+        logger.log(state, lox.logdict({{"x": np.array([float(i)])}}, {{"step": {{"x": np.array([i])}}}}))
+    print("ready", flush=True)
+    time.sleep(120)
+    """)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "lox: logger 'lox' could not write what it holds on SIGTERM: " in done.stderr
+    assert "Hangs" in done.stderr
+    (info,) = reader.runs(runs)
+    assert info["status"] == "killed"
+    assert lox.load(runs)[info["run_id"]]["x"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_written(tmp_path):
+    """A long program (a whole training loop under jit, tapped) is not waited for past the bound: what
+    it streamed to the logger before the signal is written all the same."""
+    runs = tmp_path / "runs"
+    done, printed = terminated(tmp_path, HANGS + f"""
+    logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+    state = logger.init(name="long")
+
+    def slowly(i):
+        time.sleep(0.02)
+        if i == 20:
+            print("ready", flush=True)
+
+    def train(x):
+        def body(i, x):
+            jax.debug.callback(slowly, i, ordered=True)
+            lox.log({{"x": x}}, step=i)
+            return x + 1.0
+        return jax.lax.fori_loop(0, 100_000, body, x)
+
+    program = threading.Thread(target=lambda: jax.block_until_ready(jax.jit(logger.tap(train, state))(0.0)),
+                               daemon=True)
+    program.start()
+    time.sleep(600)
+    """)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    (info,) = reader.runs(runs)
+    logs = lox.load(runs)[info["run_id"]]
+    steps = logs.step["x"].tolist()
+    assert len(steps) > 20 and steps == list(range(len(steps)))
+    assert logs["x"].tolist() == [float(step) for step in steps]
