@@ -3,9 +3,10 @@
 `lox.log` records values anywhere in JAX code; `lox.spool` returns them as
 outputs of one compiled program, `lox.tap` streams them to a callback, and
 `lox.nolog` removes them. `lox.loggers` sends them to backends (the console,
-Parquet files, plugins) and `lox.load` reads saved runs back.
+Parquet files, plugins), `lox.load` reads saved runs back and `lox.runs`
+tabulates them (one row per run: metadata and summaries, to compare runs).
 
-``import lox`` loads the core only: `lox.loggers`, `lox.load`, `lox.wandb` and
+``import lox`` loads the core only: `lox.loggers`, `lox.load`, `lox.runs`, `lox.wandb` and
 `lox.neptune` (with pyarrow and the backends) load the first time they are used.
 """
 
@@ -26,11 +27,12 @@ if TYPE_CHECKING:  # loaded on first use (`__getattr__`), to keep `import lox` l
     from lox import neptune as neptune
     from lox import wandb as wandb
     from lox_backends.runstore.reader import load as load
+    from lox_backends.runstore.table import run_table as runs
 
 __version__ = "0.2.0"
 
 _LAZY = {"loggers": ("lox.loggers", None), "wandb": ("lox.wandb", None), "neptune": ("lox.neptune", None),
-         "load": ("lox_backends.runstore.reader", "load")}
+         "load": ("lox_backends.runstore.reader", "load"), "runs": ("lox_backends.runstore.table", "run_table")}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,5 +50,5 @@ def __dir__() -> list[str]:
     return sorted((set(globals()) - {"importlib", "TYPE_CHECKING", "Any"}) | set(_LAZY))  # lox's names, not its imports
 
 
-__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "wandb",
-           "neptune"]
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "runs",
+           "wandb", "neptune"]

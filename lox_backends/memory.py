@@ -2,9 +2,10 @@
 and notebooks.
 
 Nothing is written anywhere. Per run, `MemoryBackend` keeps the `RunInfo`
-(``runs``), every table it was given in arrival order (``writes``), and whether
-the run was closed (``closed``); ``logs(run_id)`` turns a run back into one
-`lox.logdict`.
+(``runs``), every table it was given in arrival order (``writes``), its summary
+(``summaries``, as ``_run.json`` holds it: `lox_backends.runstore.summary`), and
+whether the run was closed (``closed``); ``logs(run_id)`` turns a run back into
+one `lox.logdict`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lox_backends.plugin import hooks
+from lox_backends.runstore.summary import Summary, of_table
 from lox_core.arrow import concat_read, from_arrow
 from lox_core.logdict import logdict
 
@@ -23,6 +25,10 @@ class MemoryBackend(hooks.Backend):
       runs: ``{run_id: RunInfo}``, in the order the runs were opened.
       writes: ``{run_id: [pyarrow.Table, ...]}``: the tables of each run (spooled
         batches and blocks of tapped events), in arrival order.
+      summaries: ``{run_id: {"keys": {series: {"last", "min", "max", "count"}},
+        "values": {name: value}}}``: of each series of scalars its last, least and
+        greatest value (NaN ignored) and count, and the values given by
+        ``logger.summary``.
       closed: ``{run_id: bool}``: whether `close_run` was called for the run.
       flushes: how many times `flush` was called.
       is_closed: whether `close` was called.
@@ -36,9 +42,12 @@ class MemoryBackend(hooks.Backend):
     >>> for step in range(3):
     ...     event = lox.logdict({"loss": np.array([float(step)])}, steps={"step": {"loss": np.array([step])}})
     ...     backend.write(run, event.to_arrow(run=run.run_id))
+    >>> backend.summarize(run, {"best": 0.0})
     >>> backend.close_run(run)
     >>> backend.logs()["loss"].tolist(), backend.closed
     ([0.0, 1.0, 2.0], {'run-0': True})
+    >>> backend.summaries["run-0"]
+    {'keys': {'loss': {'last': 2.0, 'min': 0.0, 'max': 2.0, 'count': 3}}, 'values': {'best': 0.0}}
     """
 
     EXAMPLE = "memory"  # no options; named so in messages
@@ -51,6 +60,7 @@ class MemoryBackend(hooks.Backend):
         self.runs: dict[str, hooks.RunInfo] = {}
         self.writes: dict[str, list[pa.Table]] = {}
         self.closed: dict[str, bool] = {}
+        self._summaries: dict[str, Summary] = {}
         self.flushes = 0
         self.is_closed = False
 
@@ -59,6 +69,16 @@ class MemoryBackend(hooks.Backend):
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         self._register(run).append(table)
+        self._summaries[run.run_id].add(of_table(table).get(run.run_id, {}))
+
+    def summarize(self, run: hooks.RunInfo, values: dict) -> None:
+        self._register(run)
+        self._summaries[run.run_id].values.update(values)
+
+    @property
+    def summaries(self) -> dict[str, dict]:
+        """Run id -> its summary, as ``_run.json`` holds it (see the class)."""
+        return {run_id: summary.to_json() for run_id, summary in self._summaries.items()}
 
     def flush(self) -> None:
         self.flushes += 1
@@ -72,6 +92,7 @@ class MemoryBackend(hooks.Backend):
 
     def _register(self, run: hooks.RunInfo) -> list:
         self.runs.setdefault(run.run_id, run)
+        self._summaries.setdefault(run.run_id, Summary())
         self.closed.setdefault(run.run_id, False)
         return self.writes.setdefault(run.run_id, [])
 

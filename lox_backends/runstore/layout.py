@@ -85,10 +85,13 @@ rows together. Their schema metadata also holds, JSON values::
     lox.runs     RUNS_METADATA: run id -> [first row, rows] of each run in the file
     lox.scalars  SCALARS_METADATA: "1" when every row holds a scalar in ``value``
                  (readers then skip the ``shape`` and ``data`` columns)
-    lox.summary  SUMMARY_METADATA: run id -> {series: [count, min, max, last]} of the
-                 scalar series of each run in the file (min/max null where all are NaN),
-                 and run id -> its least and greatest ``step`` under "steps"; so that
-                 a resumed run's summary is rebuilt from file footers
+    lox.summary  SUMMARY_METADATA: run id -> {"keys": {series: [count, min, max, last]},
+                 "steps": [least, greatest step] or null}: the scalar series of each
+                 run in the file (min/max null where all are NaN) and the range of its
+                 ``step`` column, so that a resumed run's summary is rebuilt from
+                 file footers (`lox_backends.runstore.summary`). Only in the Parquet
+                 footer's key-value metadata (``pyarrow.parquet.read_metadata``), not
+                 in the Arrow schema, which Parquet would store a second time
     lox.trees    TREES_METADATA (`lox_core.arrow`'s, the key of a table): the pytree
                  structures of the keys of every table written into the file; a key
                  they give different structures is listed as "flat"
@@ -111,10 +114,19 @@ of runs (`lox.runs`): one row per run of the group, the columns that table
 documents (`lox_backends.runstore.table`). Its writer replaces it whole (a new
 file renamed into place: never torn, also under SIGKILL) when runs of the group
 open or resume, at every flush that changed a summary, and when runs end.
-Readers resolve a "running" status as for ``_run.json`` (its schema metadata
-holds the writer's ``heartbeat``, ``host`` and ``pid``). A run whose folder
-has a ``_run.json`` but no row in an index (killed before its group's first
-index, or written by lox before 0.3) is read from its ``_run.json``.
+Its status column holds the stored status (a run
+of an earlier writer found "running" and killed when the index is taken over
+is stored "killed"); readers resolve a "running" one as for ``_run.json``, by
+its schema metadata, JSON values::
+
+    lox.writer   INDEX_WRITER_METADATA: {"host", "pid", "heartbeat"} of its writer, as in ``_run.json``
+    lox.values   INDEX_VALUES_METADATA: run id -> the names of its ``logger.summary`` values
+
+A run whose folder has a ``_run.json`` but no row in an index (killed before
+its group's first index, or written by lox before 0.3) is read from its
+``_run.json``; an index row whose run folder is gone is not a run. DuckDB,
+polars and pandas read the indexes directly (``DIR/*.batches/_runs.parquet``,
+columns unified by name).
 
 Heartbeats
 ----------
@@ -172,6 +184,8 @@ TREES_METADATA = b"lox.trees"  # lox_core.arrow.TREES_METADATA (not imported: th
 SUMMARY_METADATA = b"lox.summary"
 PER_FILE_METADATA = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA, SUMMARY_METADATA)  # differs file to file
 RUNS_INDEX = "_runs.parquet"  # in a batches folder: the group's runs, one row each
+INDEX_WRITER_METADATA = b"lox.writer"  # of the runs index: its writer's host, pid and heartbeat
+INDEX_VALUES_METADATA = b"lox.values"  # of the runs index: run id -> the names of its user summary values
 HEARTBEAT_PREFIX = "_alive-"
 DEFAULT_HEARTBEAT_EVERY = 5.0  # seconds between heartbeats, where _run.json does not say (and a writer is not told)
 KILLED_AFTER = 3  # heartbeat intervals without a heartbeat after which a running run counts as killed

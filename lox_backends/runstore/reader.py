@@ -139,7 +139,7 @@ def runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     gone is ``"killed"``, though its ``_run.json`` still says ``"running"``.
     """
     found = locate(path)[1]
-    writers = _Writers()  # the runs of a group share their writer: its heartbeat read once
+    writers = Writers()  # the runs of a group share their writer: its heartbeat read once
     for folder, info in found:
         info["status"] = writers.status(folder, info)
     return [info for _, info in found]
@@ -168,12 +168,13 @@ def run_status(folder: str, info: dict[str, Any]) -> str:
     ...                                          "pid": os.getpid()})
     'running'
     """
-    return _Writers().status(folder, info)
+    return Writers().status(folder, info)
 
 
-class _Writers:
+class Writers:
     """What tells whether runs' writers live, each process and heartbeat file
-    looked at once however many runs share it."""
+    looked at once however many runs share it (`status`, as `run_status`
+    says): for reading the statuses of many runs at once."""
 
     def __init__(self) -> None:
         self._host = socket.gethostname()

@@ -48,7 +48,9 @@ import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
 from lox_backends.runstore import filesystems, layout
-from lox_backends.runstore.reader import batch_files, process_alive, read_run_json
+from lox_backends.runstore.reader import Writers, batch_files, process_alive, read_run_json
+from lox_backends.runstore.summary import Summary, of_table, rebuild
+from lox_backends.runstore.table import index_table, read_index, run_row
 from lox_core import schema
 from lox_core.arrow import FLAT, scalars_only
 
@@ -117,6 +119,10 @@ class RunStoreWriter:
         if beat is None or time.monotonic() - beat >= self.heartbeat_every:
             self._write_heartbeat(state.group)
         self._write_run_json(state)
+        state.group.index_dirty = True  # the run's row: now for the group's first, else at the next flush
+        index_at = state.group.index_at
+        if index_at is None or time.monotonic() - index_at >= self.heartbeat_every:
+            self._write_index(state.group)
 
     def write(self, run: hooks.RunInfo, table: pa.Table) -> None:
         """Keep `table` (lox's Arrow schema) for the run's group's next batch file."""
@@ -138,8 +144,18 @@ class RunStoreWriter:
         if self._uploads is not None:
             self._uploads.wait()
         self._retry_at_flush = False
+        for group in self._groups.values():
+            if group.index_dirty:
+                self._write_index(group)
         for group in {state.group.folder: state.group for state in self._runs.values()}.values():
             self._write_heartbeat(group)
+
+    def summarize(self, run: hooks.RunInfo, values: dict[str, Any]) -> None:
+        """Keep the run's summary values (`hooks.Backend.summarize`): in its
+        group's runs index at the next flush, in ``_run.json`` when it ends."""
+        state = self._state(run)
+        self._summary(state).values.update(values)
+        state.group.index_dirty = True
 
     def close_run(self, run: hooks.RunInfo) -> None:
         """Write the run's last tables and its end: its status ("failed" if the
@@ -152,8 +168,15 @@ class RunStoreWriter:
             state.info["status"] = run.status if run.status in ("finished", "failed", "killed") else "finished"
             state.info["ended"] = _now()
             state.info["rows"] = state.rows
+            summary = self._summary(state)
+            state.info["summary"] = summary.to_json()
             self._write_run_json(state)
             del self._runs[run.run_id]
+            self._index_rows(state.group)[run.run_id] = (run_row(state.info, summary), list(summary.values))
+            state.group.index_dirty = True
+            if not any(other.group is state.group for other in self._runs.values()):
+                with contextlib.suppress(OSError):  # the run has ended all the same: the next flush writes it
+                    self._write_index(state.group)  # its last open run: now (else at the flush that follows)
         except OSError:
             raise  # nothing lost: the Logger calls close_run again once the fault clears
         except BaseException:
@@ -288,28 +311,119 @@ class RunStoreWriter:
             metadata[layout.TREES_METADATA] = json.dumps(trees).encode()
         if scalars_only(table):
             metadata[layout.SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
+        summaries = of_table(table)  # each run's summary of this file: its footer, and the running summaries
+        footer = {layout.SUMMARY_METADATA: json.dumps(_strict_json(summaries), allow_nan=False).encode()}
         table = table.replace_schema_metadata(metadata)
         name = layout.batch_file(group.next_seq, secrets.token_hex(4))
         path = filesystems.join(group.folder, name)
         if self.remote:  # the whole file in memory, then one upload: never visible in part
             sink = pa.BufferOutputStream()
-            write_table(table, sink, compression=self.compression)
+            write_table(table, sink, compression=self.compression, footer=footer)
             # Uploaded by `_send_uploads`, under this name whatever happens: an upload lox
             # stopped waiting for may still land, and its retry then writes the same object.
             group.uploads.append((path, sink.getvalue(), rows))
             group.next_seq += 1
+            self._summarized(group, summaries)
             return
         temp = os.path.join(group.folder, temp_name(name))
         try:
             with named_errors(path):
-                write_table(table, temp, compression=self.compression)
+                write_table(table, temp, compression=self.compression, footer=footer)
                 os.replace(temp, path)
         except BaseException:
             _remove_quietly(temp)
             raise
         self._unsynced_dirs.add(group.folder)
         group.next_seq += 1
+        self._summarized(group, summaries)
         self._written(path, rows)
+
+    def _summarized(self, group: _BatchesFolder, summaries: dict[str, dict[str, Any]]) -> None:
+        """A file of the group is written (or, for a bucket, made: uploaded
+        under that name whatever happens): its runs' summaries go on."""
+        for run_id, part in summaries.items():
+            state = self._runs.get(run_id)
+            if state is not None:
+                self._summary(state).add(part)
+        group.index_dirty = True
+
+    def _summary(self, state: _RunState) -> Summary:
+        """The run's running summary; a resumed run's goes on from its group's
+        earlier files (`summary.rebuild`, once for all the runs of the group
+        resumed by one `init`) and its earlier values."""
+        if state.summary is not None:
+            return state.summary
+        resumes = state.info.get("resumes")
+        if not resumes:
+            state.summary = Summary()
+            return state.summary
+        before = resumes[-1]["first_batch"]
+        waiting = {run_id: other for run_id, other in self._runs.items() if other.group is state.group
+                   and other.summary is None and other.info.get("resumes")
+                   and other.info["resumes"][-1]["first_batch"] == before}
+        resumes = {run_id: other.info["resumes"] for run_id, other in waiting.items()}
+        rebuilt = rebuild(state.group.folder, before, resumes, remote=self.remote)
+        carried = self._index_rows(state.group)
+        for run_id, other in waiting.items():
+            summary = other.summary = rebuilt[run_id]
+            stored = Summary.from_json(other.info.get("summary")).values  # the values of a run that ended
+            if not stored and run_id in carried:  # of a killed run: as its group's index last held them
+                row, names = carried[run_id]
+                stored = {name: row[name] for name in names if name in row}
+            summary.values.update(stored)
+        return state.summary  # type: ignore[return-value]  # set above: `state` is waiting
+
+    def _index_rows(self, group: _BatchesFolder) -> dict[str, tuple[dict[str, Any], list[str]]]:
+        """Run id -> (row, its value names) of the group's runs that are not open
+        in this writer: those of the index the group had (runs of earlier
+        writers, read once; one still "running" whose writer is gone is
+        "killed"), and those this writer closed."""
+        if group.index_rows is None:
+            group.index_rows = {}
+            found = read_index(filesystems.join(group.folder, layout.RUNS_INDEX))
+            if found is not None:
+                rows, values, writer = found
+                writers = Writers()
+                for row in rows:
+                    if row.get("status") == "running":
+                        start = row.get("start")
+                        info = {**writer, "status": "running",
+                                "created": start.isoformat() if isinstance(start, datetime.datetime) else None}
+                        row["status"] = writers.status(filesystems.join(self.root, str(row["run_id"])), info)
+                    group.index_rows[str(row["run_id"])] = (row, list(values.get(row["run_id"], [])))
+        return group.index_rows
+
+    def _write_index(self, group: _BatchesFolder) -> None:
+        """The group's runs index (`layout.RUNS_INDEX`), replaced whole: its runs
+        closed or from earlier writers, and those open now, as of now."""
+        rows = dict(self._index_rows(group))
+        for run_id, state in self._runs.items():
+            if state.group is group:
+                summary = self._summary(state)
+                rows[run_id] = (run_row(state.info, summary), list(summary.values))
+        batches = filesystems.basename(group.folder)
+        writer = {"host": _HOST, "pid": os.getpid(), "heartbeat": {
+            "file": f"{batches}/{layout.heartbeat_file(self._writer)}", "every": self.heartbeat_every}}
+        table = index_table([row for row, _ in rows.values()],
+                            {run_id: names for run_id, (_, names) in rows.items() if names}, writer)
+        path = filesystems.join(group.folder, layout.RUNS_INDEX)
+        if self.remote:
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink)
+            filesystems.put(path, sink.getvalue())
+        else:
+            temp = os.path.join(group.folder, temp_name(layout.RUNS_INDEX))
+            try:
+                with named_errors(path):
+                    pq.write_table(table, temp)
+                    os.replace(temp, path)
+            except BaseException:
+                _remove_quietly(temp)
+                raise
+            self._unsynced_files.append((path, []))
+            self._unsynced_dirs.add(group.folder)
+        group.index_dirty = False
+        group.index_at = time.monotonic()
 
     def _send_uploads(self, group: _BatchesFolder) -> None:
         """Upload the group's files made for a bucket, in order; one that fails stays
@@ -381,19 +495,25 @@ class RunStoreWriter:
                     listener.file_durable(run_id, path)
 
 
-def write_table(table: pa.Table, where: str | pa.NativeFile, compression: str = "snappy") -> None:
+def write_table(table: pa.Table, where: str | pa.NativeFile, compression: str = "snappy",
+                footer: dict[bytes, bytes] | None = None) -> None:
     """Write a table of lox's schema as Parquet, as batch files are written:
     dictionary-encoded where values repeat (run, key, dtype), plain elsewhere
     (a float's or a step's dictionary costs more than it saves), and statistics
-    only for the columns readers filter on (run, key, the steps, value)."""
-    pq.write_table(
-        table,
+    only for the columns readers filter on (run, key, the steps, value).
+    `footer`: key-value metadata of the Parquet file only (``lox.summary``),
+    not of the table's Arrow schema, which Parquet stores twice."""
+    with pq.ParquetWriter(
         where,
+        table.schema,
         compression=compression,
         # pyarrow's annotations say bool; its documentation (and code) take column names too.
         use_dictionary=["run", "key", "dtype"],  # pyright: ignore[reportArgumentType]
         write_statistics=["run", "key", *schema.step_names(table), "value"],  # pyright: ignore[reportArgumentType]
-    )
+    ) as writer:
+        writer.write_table(table)
+        if footer:
+            writer.add_key_value_metadata(footer)
 
 
 class _Uploads:
@@ -442,19 +562,21 @@ class _Uploads:
 
 
 class _RunState:
-    __slots__ = ("folder", "info", "group", "rows")
+    __slots__ = ("folder", "info", "group", "rows", "summary")
 
     def __init__(self, folder: str, info: dict[str, Any], group: _BatchesFolder, rows: int = 0):
         self.folder = folder
         self.info = info
         self.group = group
         self.rows = rows  # written to batch files so far
+        self.summary: Summary | None = None  # its running summary (`RunStoreWriter._summary`)
 
 
 class _BatchesFolder:
     """The batch files of a group of runs, and their tables not written yet."""
 
-    __slots__ = ("folder", "next_seq", "pending", "pending_rows", "uploads", "beat_at")
+    __slots__ = ("folder", "next_seq", "pending", "pending_rows", "uploads", "beat_at", "index_rows", "index_dirty",
+                 "index_at")
 
     def __init__(self, folder: str, next_seq: int):
         self.folder = folder
@@ -464,6 +586,11 @@ class _BatchesFolder:
         self.pending_rows = 0
         # In a bucket: files made and not uploaded yet (path, bytes, rows per run), in order.
         self.uploads: collections.deque[tuple[str, pa.Buffer, dict[str, list[int]]]] = collections.deque()
+        # The runs index: rows of runs not open in this writer (None: the earlier index not read yet),
+        # whether it changed since written, and when it was last written (time.monotonic).
+        self.index_rows: dict[str, tuple[dict[str, Any], list[str]]] | None = None
+        self.index_dirty = False
+        self.index_at: float | None = None
 
 
 # --- helpers ---------------------------------------------------------------------------

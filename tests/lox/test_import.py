@@ -42,6 +42,7 @@ def test_logging_and_spooling_need_no_backend():
 
 @pytest.mark.parametrize("name, loads", [("loggers", "lox_backends.logger.logger"),
                                          ("load", "lox_backends.runstore.reader"),
+                                         ("runs", "lox_backends.runstore.table"),
                                          ("wandb", "lox_backends.tools.aliases"),
                                          ("neptune", "lox_backends.tools.aliases")])
 def test_the_rest_loads_on_first_use(name, loads):
@@ -53,9 +54,10 @@ def test_the_lazy_names_are_the_modules_and_functions_users_know():
     import lox
     import lox.loggers
     from lox_backends.runstore.reader import load
+    from lox_backends.runstore.table import run_table
 
-    assert lox.loggers.from_config is not None and lox.load is load
-    assert {"loggers", "load", "wandb", "neptune", "log", "spool"} <= set(dir(lox))
+    assert lox.loggers.from_config is not None and lox.load is load and lox.runs is run_table
+    assert {"loggers", "load", "runs", "wandb", "neptune", "log", "spool"} <= set(dir(lox))
     assert not {"importlib", "TYPE_CHECKING", "Any"} & set(dir(lox))  # what lox/__init__.py imports for itself
     with pytest.raises(AttributeError, match="module 'lox' has no attribute 'lod'"):
         lox.lod  # noqa: B018

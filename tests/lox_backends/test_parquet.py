@@ -221,7 +221,8 @@ def test_keys_are_data_never_paths(tmp_path):
     tree = files_under(tmp_path)
     assert "runs/run-0/_run.json" in tree
     batches = [f.removeprefix("runs/g.batches/") for f in tree if f != "runs/run-0/_run.json"]
-    assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet|_alive-[0-9a-f]{8}\.json", n) for n in batches), tree
+    assert all(re.fullmatch(r"batch-\d{6}-[0-9a-f]{8}\.parquet|_alive-[0-9a-f]{8}\.json|_runs\.parquet", n)
+               for n in batches), tree
     loaded = reader.load(root / "run-0")
     assert sorted(loaded) == sorted(keys)
     assert loaded["../../x"].tolist() == [0.0, 1.0, 2.0, 9.0]

@@ -165,7 +165,8 @@ def test_a_killed_writer_leaves_every_confirmed_batch_readable_in_a_bucket(s3_se
     keys = objects(s3_server, f"{bucket}/runs")
     batches = [key for key in keys if key.startswith("g.batches/batch-")]
     (heartbeat,) = [key for key in keys if key.startswith("g.batches/_alive-")]  # the writer's
-    assert keys == ["crash/_run.json", heartbeat, *batches]  # nothing partial, nothing temporary
+    index = f"g.batches/{layout.RUNS_INDEX}"
+    assert keys == ["crash/_run.json", heartbeat, index, *batches]  # nothing partial, nothing temporary
     assert all(layout.BATCH_FILE.fullmatch(key.split("/")[1]) for key in batches)
     fs = s3_server.filesystem()
     for key in batches:  # every visible object is whole
@@ -208,8 +209,8 @@ def test_other_filesystems_through_fsspec_get_a_hidden_name_then_a_move():
     assert list(loaded) == [run.run_id for run in runs]
     np.testing.assert_array_equal(loaded[runs[0].run_id]["loss"], [1.0, 0.25, 0.0625])
     names = [path.rsplit("/", 1)[1] for path in fsspec.filesystem("memory").find(root) if "/_alive-" not in path]
-    assert sorted(names)[:2] == ["_run.json", "_run.json"] and len(names) == 3  # no temporary file left
-    assert layout.BATCH_FILE.fullmatch(sorted(names)[2])
+    assert sorted(names)[:3] == ["_run.json", "_run.json", layout.RUNS_INDEX] and len(names) == 4  # no temporary file
+    assert layout.BATCH_FILE.fullmatch(sorted(names)[3])
 
 
 def test_file_uris_are_local_folders(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
 from lox_backends.runstore import layout, reader
 from lox_backends.runstore.sent import SentRecord
+from lox_backends.runstore.table import RUN_COLUMNS
 from lox_core import arrow
 
 DOCSTRING = layout.__doc__ or ""
@@ -57,9 +58,10 @@ def test_a_written_folder_holds_the_files_the_layout_lists_by_its_names(tmp_path
     found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     heartbeat = re.escape(layout.heartbeat_file("@")).replace("@", "[0-9a-f]{8}")
     forms = [rf"[abc]/{re.escape(layout.RUN_FILE)}", rf"{re.escape(batches)}/{layout.BATCH_FILE.pattern}",
-             rf"{re.escape(batches)}/{heartbeat}"]
+             rf"{re.escape(batches)}/{heartbeat}", rf"{re.escape(batches)}/{re.escape(layout.RUNS_INDEX)}"]
     assert [path for path in found if not any(re.fullmatch(form, path) for form in forms)] == []
     assert len([path for path in found if path.endswith(layout.RUN_FILE)]) == 3
+    assert f"{batches}/{layout.RUNS_INDEX}" in found
     assert not list(tmp_path.rglob(f"{layout.TEMP_PREFIX}*"))  # nothing left being written
 
 
@@ -69,8 +71,10 @@ def test_run_json_holds_the_keys_the_layout_lists(tmp_path):
     assert keys[:3] == ["run_id", "name", "group"] and "heartbeat" in keys  # the list was read
     ended = json.loads((tmp_path / "a" / layout.RUN_FILE).read_text())
     running = json.loads((tmp_path / "c" / layout.RUN_FILE).read_text())
-    assert sorted(ended) == sorted(keys)
-    assert sorted(running) == sorted(set(keys) - {"rows", "ended"})
+    assert sorted(ended) == sorted(set(keys) - {"resumes"})  # a run never resumed lists none
+    assert sorted(running) == sorted(set(keys) - {"rows", "ended", "resumes", "summary"})
+    assert sorted(ended["summary"]) == ["keys", "values"] and sorted(ended["summary"]["keys"]["m/loss"]) == [
+        "count", "last", "max", "min"]
     assert ended["batches"] == layout.batches_folder("g") and ended["rows"] == 3
     # The heartbeat it names, relative to the folder of runs, holds what the layout says.
     beat = tmp_path / running["heartbeat"]["file"]
@@ -84,13 +88,30 @@ def test_batch_files_hold_the_metadata_the_layout_lists(tmp_path):
     write_runs(tmp_path, closed=("a",), running=())
     keys = documented("Batch files")
     assert [key.encode() for key in keys] == [layout.TIME_METADATA, layout.RUNS_METADATA,
-                                              layout.SCALARS_METADATA, layout.TREES_METADATA]
+                                              layout.SCALARS_METADATA, layout.SUMMARY_METADATA, layout.TREES_METADATA]
     assert layout.TREES_METADATA == arrow.TREES_METADATA.encode()  # the table's key, which a file extends
     (path,) = (tmp_path / layout.batches_folder("g")).glob("batch-*.parquet")
     metadata = pq.read_schema(path).metadata
     table = lox.logdict({"m": {"loss": np.arange(3.0)}}, steps={"step": {"m": np.arange(3)}}).to_arrow()
-    assert set(metadata) - set(table.schema.metadata) == set(layout.PER_FILE_METADATA)
+    assert set(metadata) - set(table.schema.metadata) == set(layout.PER_FILE_METADATA) - {layout.SUMMARY_METADATA}
     assert layout.TREES_METADATA in metadata and json.loads(metadata[layout.RUNS_METADATA]) == {"a": [0, 3]}
+    footer = pq.read_metadata(path).metadata  # the summary: in the Parquet footer only
+    assert json.loads(footer[layout.SUMMARY_METADATA]) == {"a": {"keys": {"m/loss": [3, 0.0, 2.0, 2.0]},
+                                                                 "steps": [0, 2]}}
+
+
+def test_the_runs_index_holds_the_table_columns_and_the_metadata_the_layout_lists(tmp_path):
+    write_runs(tmp_path).flush()  # runs closed while another is open: their rows at the next flush
+    keys = documented("The runs index")
+    assert [key.encode() for key in keys] == [layout.INDEX_WRITER_METADATA, layout.INDEX_VALUES_METADATA]
+    index = pq.read_table(tmp_path / layout.batches_folder("g") / layout.RUNS_INDEX)
+    assert sorted(index.schema.metadata) == sorted(key.encode() for key in keys)
+    writer = json.loads(index.schema.metadata[layout.INDEX_WRITER_METADATA])
+    running = json.loads((tmp_path / "c" / layout.RUN_FILE).read_text())
+    assert writer == {name: running[name] for name in ("host", "pid", "heartbeat")}
+    assert index.column_names == [*RUN_COLUMNS, "lr", "m/loss.last", "m/loss.min", "m/loss.max", "m/loss.count"]
+    assert sorted(zip(index["run_id"].to_pylist(), index["status"].to_pylist(), strict=True)) == [
+        ("a", "finished"), ("b", "finished"), ("c", "running")]
 
 
 def test_names_are_those_earlier_releases_wrote():
@@ -137,8 +158,8 @@ def test_sent_records_are_named_as_the_layout_says(tmp_path):
 
 
 # What only the layout spells: a file or folder name, or a metadata key, of the format.
-FORMAT = re.compile(r"_run\.json|_alive-|_sent-|_sending-|\.batches|batch-\d|batch-[{%<]|lox\.(time_ms|runs|scalars)"
-                    r"|lox-sending|remote\.json|\.tmp\b")
+FORMAT = re.compile(r"_run\.json|_runs\.parquet|_alive-|_sent-|_sending-|\.batches|batch-\d|batch-[{%<]"
+                    r"|lox\.(time_ms|scalars|summary|writer|values)|lox\.runs(?!\()|lox-sending|remote\.json|\.tmp\b")
 
 
 def test_no_module_but_the_layout_spells_a_name_of_the_format():
