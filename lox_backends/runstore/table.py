@@ -212,13 +212,15 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
         path = filesystems.resolve(path)
     writers = Writers()  # each writer's heartbeat read once
     remote = filesystems.is_uri(path)
+    expected = (f"expected a run folder (holding {layout.RUN_FILE}) or a folder of run folders "
+                "(the DIR of a 'parquet:DIR' backend)")  # as `lox.load` says
     entries = filesystems.scan(path, missing_ok=True) if remote else None
     found_kind = "dir" if entries else filesystems.kind(path)
     if found_kind is None:
         bucket = " (or its bucket does not exist, or these credentials cannot see it)" if remote else ""
-        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; expected a folder of runs or one run's folder.")
+        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {expected}.")
     if found_kind != "dir":
-        raise ValueError(f"{path!r} is a file; expected a folder of runs or one run's folder.")
+        raise ValueError(f"{path!r} is a file; {expected}.")
     single = read_run_json(path, missing_ok=True) if not remote or any(
         name == layout.RUN_FILE for name, _, _ in entries or []) else None
     if single is not None:
@@ -258,7 +260,7 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
     if rows:
         tables.append(to_table(rows, names))
     if not tables:
-        raise ValueError(f"no lox runs in {path!r}: expected a folder of runs or one run's folder.")
+        raise ValueError(f"no lox runs in {path!r}: {expected}.")
     table = _concat(tables)
     table = table.select(_ordered(table.column_names, names))
     return table.take(pc.sort_indices(table, sort_keys=[("start", "ascending"), ("run_id", "ascending")]))
@@ -357,11 +359,11 @@ def select(table: pa.Table, where: str | None = None, sort: str | None = None,
         count, column = best
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"best=({count!r}, {column!r}): the number of runs to keep is a positive integer.")
-        name = _column_named(table, column, "best")
+        name = column_named(table, column, "best")
         table = table.take(pc.sort_indices(table, sort_keys=[(name, "ascending")]))[:count]
     if sort is not None:
         descending = sort.startswith("-")
-        name = _column_named(table, sort.removeprefix("-"), "sort")
+        name = column_named(table, sort.removeprefix("-"), "sort")
         table = table.take(pc.sort_indices(table, sort_keys=[(name, "descending" if descending else "ascending")]))
     return table
 
@@ -375,7 +377,7 @@ def _condition(table: pa.Table, where: str) -> pa.ChunkedArray | pa.Array:
             raise ValueError(
                 f"cannot read the condition {clause.strip()!r} in {where!r}: write comparisons of a column with a "
                 "number, true/false or a quoted string, joined by 'and', e.g. \"lr < 0.1 and status == 'finished'\".")
-        name = _column_named(table, match["column"], "where")
+        name = column_named(table, match["column"], "where")
         text = match["value"]
         value: Any = (text[1:-1] if text[0] in "'\"" else text == "true" if text in ("true", "false")
                       else float(text) if any(c in text for c in ".eE") else int(text))
@@ -407,8 +409,10 @@ def _literal(kind: pa.DataType) -> str:
     return "value of its type (lists and timestamps cannot be compared here: filter the table of `lox.runs()`)"
 
 
-def _column_named(table: pa.Table, name: str, what: str) -> str:
-    """The column `name` names: itself, else the one column ending in ``.name``."""
+def column_named(table: pa.Table, name: str, what: str) -> str:
+    """The column of a table of runs that `name` names: itself, else the one
+    column ending in ``.name``; else a ValueError naming `what` asked for it
+    and the columns there are."""
     if name in table.column_names:
         return name
     ending = [column for column in table.column_names if column.endswith(f".{name}")]

@@ -3,7 +3,7 @@
     lox demo [--dir lox-runs] [--seeds 4] [--epochs 20]   a real training run, saved and plotted
     lox plot RUN_DIR --key loss -o loss.png                 one curve per run and key (--run, --group choose runs)
     lox backends                                            installed backends and their packages
-    lox runs RUN_DIR                                        the runs of a folder: name, id, status, created, rows
+    lox runs RUN_DIR [--where COND] [--sort COLUMN]         the table of runs: status, metadata, summaries
     lox sync RUN_DIR --to SPEC [--timeout 30]               send saved runs to a tracker (what is missing)
     lox --version
 
@@ -15,13 +15,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import io
+import json
+import math
+import shutil
 import sys
 import warnings
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from lox_backends.plugin.config import mask_secrets
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import reader
 from lox_backends.runstore.layout import DEFAULT_DIR
+from lox_backends.runstore.table import STATUSES, column_named, run_table, select
 from lox_backends.tools.demo import run_demo
 from lox_backends.tools.plot import PlotNote, plot_runs
 from lox_backends.trackers.sync import DEFAULT_SYNC_TIMEOUT, SyncError, SyncTimeout, sync
@@ -110,14 +118,29 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = commands.add_parser(
         "runs",
-        help="list the runs of a folder: name, run id, status, created, rows",
+        help="the table of runs of a folder: name, run id, status, start, duration, metadata, summaries",
         description=(
-            "List the runs saved in a folder (by the parquet backend, or a tracker's local log), oldest first, "
-            "one line each: name, run id, status (running, finished, failed, or killed: its process died), "
-            "when it was created (UTC), and how many rows it holds once it ended."
+            "Print the table of runs saved in a folder (by the parquet backend, or a tracker's local log), "
+            "oldest first, one line each: name, run id, status (running, finished, failed, or killed: its process "
+            "died), when it started (UTC), how long it ran (seconds), then its metadata (nested keys with dots, "
+            "config.lr), the last, min, max and count of each key of scalars it logged (loss.min...) and its "
+            "logger.summary values: the table lox.runs(DIR) returns. Columns that do not fit the terminal are "
+            "left out, and named."
         ),
     )
     runs.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
+    runs.add_argument("--where", default=None, metavar="CONDITION",
+                      help="only the runs that meet this: comparisons of a column with a number or a quoted string, "
+                           "joined by 'and', e.g. \"lr < 0.1 and status == 'finished'\"")
+    runs.add_argument("--sort", default=None, metavar="COLUMN",
+                      help="order by this column (descending with a leading '-': --sort=-acc.max)")
+    runs.add_argument("--status", default=None, choices=STATUSES, help="only the runs of this status")
+    runs.add_argument("--columns", default=None, metavar="A,B,...",
+                      help="print these columns (after name and run id), e.g. --columns lr,loss.min")
+    runs.add_argument("--format", default="text", choices=("text", "csv", "json"),
+                      help="text (the default: a table for reading), csv or json (every column, for scripts)")
+    runs.add_argument("--short", action="store_true",
+                      help="the listing of earlier lox: name, run id, status, created (UTC), rows")
 
     args = parser.parse_args(argv)
     if args.command is None:  # bare `lox`
@@ -151,7 +174,15 @@ def _run(args) -> None:
     elif args.command == "backends":
         print(backends_table())
     elif args.command == "runs":
-        print(runs_table(args.path))
+        if args.short:
+            print(runs_table(args.path))
+        else:
+            table = select(run_table(args.path), where=args.where, sort=args.sort, status=args.status)
+            if args.columns is not None:
+                chosen = [column_named(table, name.strip(), "--columns") for name in args.columns.split(",")
+                          if name.strip()]
+                table = table.select(list(dict.fromkeys(["name", "run_id", *chosen])))
+            sys.stdout.write(run_listing(table, args.format))
     elif args.command == "sync":
         try:
             done, error = sync(args.path, args.to, timeout=args.timeout), None
@@ -169,6 +200,70 @@ def _run(args) -> None:
             print(f"lox sync: error: {error}\nRun `lox sync` again once the cause is fixed: it sends only what "
                   "is missing.", file=sys.stderr)
             raise SystemExit(1)
+
+
+def run_listing(table: pa.Table, form: str = "text", width: int | None = None) -> str:
+    """A table of runs (`lox_backends.runstore.table.run_table`) as ``lox runs``
+    prints it: ``csv``, ``json`` (a list of objects), or ``text``: name, run id,
+    status, start, duration first, values but names and run ids cut to `VALUE_WIDTH` characters,
+    and as many columns as fit `width` characters (the terminal's), the others
+    named below the table."""
+    if form == "csv":
+        sink = io.BytesIO()
+        pa_csv.write_csv(table, sink)
+        return sink.getvalue().decode()
+    if form == "json":
+        rows = [{k: _finite(v) for k, v in row.items()} for row in table.to_pylist()]
+        return json.dumps(rows, default=_json_value, allow_nan=False) + "\n"
+    first = [name for name in ("name", "run_id", "status", "start", "duration") if name in table.column_names]
+    last = [name for name in ("group", "end") if name in table.column_names]
+    names = [*first, *(n for n in table.column_names if n not in first and n not in last), *last]
+    width = width or shutil.get_terminal_size((160, 24)).columns
+    shown, used = [], 0
+    for name in names:
+        cells = [_cell(value, whole=name in ("name", "run_id")) for value in table.column(name).to_pylist()]
+        header = {"start": "start (UTC)", "duration": "duration (s)"}.get(name, name)
+        column_width = max([len(header), *map(len, cells)])
+        if shown and used + column_width > width:
+            break
+        shown.append((header, cells, column_width))
+        used += column_width + 2
+    lines = ["  ".join(f"{header:<{w}}" for header, _, w in shown).rstrip()]
+    for i in range(table.num_rows):
+        lines.append("  ".join(f"{cells[i]:<{w}}" for _, cells, w in shown).rstrip())
+    left = names[len(shown):]
+    if left:
+        lines.append(f"({len(left)} more column{'s' if len(left) > 1 else ''}: {', '.join(left)}; choose with "
+                     "--columns, or --format csv for all)")
+    return "\n".join(lines) + "\n"
+
+
+VALUE_WIDTH = 24  # characters of a value in the text table
+
+
+def _cell(value, whole: bool = False) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):
+        text = value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    else:
+        text = str(value)
+    return text if whole or len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 3] + "..."
+
+
+def _finite(value):
+    """A non-finite float as the string JSON readers take (as in ``_run.json``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def _json_value(value):
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    return str(value)
 
 
 def runs_table(path: str) -> str:

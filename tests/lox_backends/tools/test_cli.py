@@ -1,5 +1,6 @@
-"""The `lox` command: demo, plot, backends, sync's errors, --version, help (`lox runs` and `lox sync
---timeout`: test_tracker_status.py, test_sync_timeout.py).
+"""The `lox` command: demo, plot, backends, runs (the table of runs), sync's errors, --version, help
+(`lox runs --short`, the earlier listing, and `lox sync --timeout`: test_tracker_status.py,
+test_sync_timeout.py).
 
 Covers lox_backends/tools/demo.py and lox_backends/tools/plot.py through the command."""
 
@@ -314,3 +315,83 @@ def figure_with_acc(tmp_path):
     logger.finish(state)
     logger.close()
     return plot_figure(tmp_path / "acc", key=["loss", "acc"])
+
+
+# --- lox runs: the table of runs ------------------------------------------------------------------
+def sweep(folder):
+    """Three finished runs of a learning rate each; their best losses by name, by hand."""
+    logger = lox.loggers.from_config(f"parquet:{folder}")
+    best = {}
+    for lr in (0.1, 0.01, 1.0):
+        state = logger.init(name=f"lr{lr}", lr=lr, config={"opt": "sgd", "note": "n" * 40})
+        loss = np.array([1.0, 0.5 * lr, np.nan])
+        logger.log(state, lox.logdict({"loss": loss}, steps={"step": {"loss": np.arange(3)}}))
+        logger.summary(state, {"best_acc": 2 * lr})
+        logger.finish(state)
+        best[f"lr{lr}"] = float(np.nanmin(loss))
+    logger.close()
+    return best
+
+
+def test_lox_runs_prints_the_table_name_id_status_start_duration_first(tmp_path, capsys, monkeypatch):
+    best = sweep(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    status, out, err = cli(capsys, "runs", str(tmp_path))
+    assert (status, err) == (0, "")
+    header, *lines = out.splitlines()
+    assert header.split() == ["name", "run_id", "status", "start", "(UTC)", "duration", "(s)", "lr", "config.opt",
+                              "config.note", "loss.last", "loss.min", "loss.max", "loss.count", "best_acc", "group",
+                              "end"]
+    rows = [line.split() for line in lines]
+    ids = {run["name"]: run["run_id"] for run in lox.runs(tmp_path).to_pylist()}
+    assert [row[:3] for row in rows] == [[name, ids[name], "finished"] for name in ("lr0.1", "lr0.01", "lr1.0")]
+    assert [float(row[10]) for row in rows] == list(best.values())  # loss.min
+    assert all(row[8] == "n" * 21 + "..." for row in rows)  # a long value is cut
+
+
+def test_lox_runs_chooses_sorts_and_names_the_columns_left_out(tmp_path, capsys, monkeypatch):
+    best = sweep(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    status, out, _ = cli(capsys, "runs", str(tmp_path), "--where", "lr < 0.5", "--sort=-loss.min", "--columns",
+                         "lr,loss.min,opt")
+    assert status == 0
+    ids = {run["name"]: run["run_id"] for run in lox.runs(tmp_path).to_pylist()}
+    assert [line.split() for line in out.splitlines()[1:]] == [
+        [name, ids[name], lr, f"{best[name]:.6g}", "sgd"] for name, lr in (("lr0.1", "0.1"), ("lr0.01", "0.01"))]
+    assert out.splitlines()[0].split() == ["name", "run_id", "lr", "loss.min", "config.opt"]
+    monkeypatch.setenv("COLUMNS", "60")
+    out = cli(capsys, "runs", str(tmp_path), "--status", "finished")[1]
+    assert out.splitlines()[0].split()[:3] == ["name", "run_id", "status"]
+    assert out.splitlines()[-1].startswith("(12 more columns: start, duration, lr, config.opt")
+    monkeypatch.setenv("COLUMNS", "400")
+    assert cli(capsys, "runs", str(tmp_path), "--status", "killed")[1].splitlines()[1:] == []  # a header only
+
+
+def test_lox_runs_writes_csv_and_json_for_scripts(tmp_path, capsys):
+    import json
+
+    import pyarrow.csv
+
+    best = sweep(tmp_path)
+    table = lox.runs(tmp_path)
+    out = cli(capsys, "runs", str(tmp_path), "--format", "json")[1]
+    rows = json.loads(out)
+    assert [row["name"] for row in rows] == list(best) and [row["loss.min"] for row in rows] == list(best.values())
+    assert rows[0]["loss.last"] == "NaN" and rows[0]["start"] == table["start"][0].as_py().isoformat()
+    out = cli(capsys, "runs", str(tmp_path), "--format", "csv")[1]
+    read = pyarrow.csv.read_csv(pyarrow.py_buffer(out.encode()))
+    assert read.column_names == table.column_names and read["loss.min"].to_pylist() == list(best.values())
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--where", "lrr < 1"], ["lox runs: error: where: the runs have no column 'lrr'", "loss.min"]),
+    (["--where", "lr ~ 1"], ["cannot read the condition 'lr ~ 1'"]),
+    (["--columns", "lr,nothing"], ["--columns: the runs have no column 'nothing'"]),
+    (["--sort", "nothing"], ["sort: the runs have no column 'nothing'"]),
+])
+def test_lox_runs_names_what_it_cannot_do(tmp_path, capsys, args, words):
+    sweep(tmp_path)
+    status, out, err = cli(capsys, "runs", str(tmp_path), *args)
+    assert status == 2 and out == ""
+    for word in words:
+        assert word in err

@@ -96,14 +96,14 @@ def test_lox_runs_lists_each_run_with_its_status(ended, capsys):
         rows = ["3"] if statuses[name] != "killed" else []  # recorded when a run ends
         expected.append([name, infos[name]["run_id"], statuses[name], *created.strftime("%Y-%m-%d %H:%M:%S").split(),
                          *rows])
-    assert cli.main(["runs", str(ended)]) == 0
+    assert cli.main(["runs", "--short", str(ended)]) == 0
     printed = capsys.readouterr().out
     assert [line.split() for line in printed.splitlines()] == expected
-    result = subprocess.run([LOX, "runs", str(ended)], capture_output=True, text=True, env=ENV, timeout=300)
+    result = subprocess.run([LOX, "runs", "--short", str(ended)], capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0 and result.stdout == printed, result.stderr
     # One run's folder lists that run.
     killed = ended / infos["killed"]["run_id"]
-    assert cli.main(["runs", str(killed)]) == 0
+    assert cli.main(["runs", "--short", str(killed)]) == 0
     assert [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]] == [
         ["killed", infos["killed"]["run_id"], "killed"]]
 
@@ -129,7 +129,7 @@ def test_lox_runs_lists_the_runs_in_a_bucket(tmp_path, monkeypatch, capsys):
             logger.log(state, lox.logdict({"loss": np.array([3.0, 2.0, 1.0])}, {"step": {"loss": np.arange(3)}}))
         logger.finish(done)
         logger.flush()
-        assert cli.main(["runs", "s3://runs/lox"]) == 0
+        assert cli.main(["runs", "--short", "s3://runs/lox"]) == 0
         lines = [line.split() for line in capsys.readouterr().out.splitlines()]
         ids = [run.run_id for run in logger.runs()]
         assert [line[:3] for line in lines[1:]] == [["done", ids[0], "finished"], ["open", ids[1], "running"]]
