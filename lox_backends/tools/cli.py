@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("--label", default=None, metavar="KEY",
                       help="colour and label the curves by this metadata key's value, one colour per value "
                            "(nested keys with dots, e.g. config.lr)")
+    plot.add_argument("--where", default=None, metavar="CONDITION",
+                      help="plot only the runs whose row in the table of runs (lox runs) meets this, e.g. "
+                           "\"lr < 0.1 and status == 'finished'\"")
+    plot.add_argument("--best", nargs=2, default=None, metavar=("N", "COLUMN"),
+                      help="plot only the N runs of least COLUMN in the table of runs, e.g. --best 3 loss.min")
 
     commands.add_parser("backends", help="list installed backends and what the missing ones need")
 
@@ -163,7 +168,8 @@ def _run(args) -> None:
             output = plot_runs(
                 args.path, key=args.keys or ["loss"], output=args.output, step=args.step, runs=args.runs,
                 groups=args.groups, smoothing=args.smooth, title=args.title, logy=args.logy,
-                ylim=args.ylim and tuple(args.ylim), label=args.label,
+                ylim=args.ylim and tuple(args.ylim), label=args.label, where=args.where,
+                best=args.best and _best(*args.best),
             )
         for note in notes:
             if issubclass(note.category, PlotNote):  # what the plot leaves out (a diverged run): a line
@@ -200,6 +206,15 @@ def _run(args) -> None:
             print(f"lox sync: error: {error}\nRun `lox sync` again once the cause is fixed: it sends only what "
                   "is missing.", file=sys.stderr)
             raise SystemExit(1)
+
+
+def _best(count: str, column: str) -> tuple[int, str]:
+    """``--best N COLUMN``'s values, N a whole number."""
+    try:
+        return int(count), column
+    except ValueError:
+        raise ValueError(f"--best takes how many runs and a column, e.g. --best 3 loss.min; got {count!r} "
+                         "runs.") from None
 
 
 def run_listing(table: pa.Table, form: str = "text", width: int | None = None) -> str:

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.reader import load
 from lox_backends.runstore.reader import runs as saved_runs
-from lox_backends.runstore.table import flatten
+from lox_backends.runstore.table import flatten, run_table, select
 from lox_core.arrow import flatten_keys
 from lox_core.logdict import NO_STEP, event_count, logdict
 
@@ -36,6 +37,8 @@ def plot_runs(
     logy: bool | None = None,
     ylim: tuple[float, float] | None = None,
     label: str | None = None,
+    where: str | None = None,
+    best: tuple[int, str] | None = None,
 ) -> str:
     """Plot `key` (or several keys) against `step` for every run saved under
     `path` (or the one run at `path`) into a PNG; returns the PNG's path
@@ -43,12 +46,13 @@ def plot_runs(
     is in a bucket). Positive series get a log scale unless `logy` is False.
 
     `runs` (names, ``GROUP/NAME`` or run ids), `groups` (group ids) and
-    `run_ids` choose the runs plotted; `smoothing`, `title`, `logy`, `ylim`
-    and `label`: see `plot_figure`. A key logged as a pytree is plotted leaf by
+    `run_ids` choose the runs plotted, and so do `where` and `best` from the
+    table of runs; `smoothing`, `title`, `logy`, `ylim`, `label`, `where` and
+    `best`: see `plot_figure`. A key logged as a pytree is plotted leaf by
     leaf, each named ``key/path`` (``norms/l1/kernel``)."""
     path = os.fspath(path)
     figure = plot_figure(path, key=key, step=step, run_ids=run_ids, runs=runs, groups=groups, smoothing=smoothing,
-                         title=title, logy=logy, ylim=ylim, label=label)
+                         title=title, logy=logy, ylim=ylim, label=label, where=where, best=best)
     import matplotlib.pyplot as plt
 
     first = key if isinstance(key, str) else key[0]
@@ -65,7 +69,8 @@ def plot_runs(
 
 def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step: str = DEFAULT_STEP, run_ids=None,
                 runs=None, groups=None, smoothing: float = 0.0, title: str | None = None, logy: bool | None = None,
-                ylim: tuple[float, float] | None = None, label: str | None = None):
+                ylim: tuple[float, float] | None = None, label: str | None = None, where: str | None = None,
+                best: tuple[int, str] | None = None):
     """The matplotlib Figure of `plot_runs` (not saved, not closed).
 
     One curve per run and key, labelled by the run's name, or ``GROUP/NAME``
@@ -93,6 +98,11 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     no other key ends so) whose value colours and labels the curves, one colour
     and legend entry per value (in the values' order; runs without the key:
     "not set", in grey).
+
+    `where` (``"lr < 0.1"``) and `best` (``(3, "loss.min")``: the 3 runs of
+    least ``loss.min``, drawn best first) choose runs by the table of runs
+    (`lox_backends.runstore.table.run_table`, whose `select` reads them), as
+    well as `runs`, `groups` and `run_ids`.
 
     >>> import lox, numpy as np, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -132,6 +142,8 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     if single and len(infos) == 1:
         by_run = {next(iter(infos)): loaded}
     by_run = _choose(path, by_run, infos, run_ids, runs, groups)
+    if where is not None or best is not None:
+        by_run = _choose_by_table(path, by_run, where, best)
     by_run = {run: flatten_keys(logs) for run, logs in by_run.items()}  # keys as key/path series
 
     curves = [(k, _runs_with(path, by_run, infos, k, step)) for k in keys]
@@ -429,6 +441,21 @@ def _choose(path: str, by_run: dict, infos: dict, run_ids, runs, groups) -> dict
             f"{', '.join(listed) or 'none'}. --run takes a name, GROUP/NAME or run id; --group a group."
         )
     return chosen
+
+
+def _choose_by_table(path: str, by_run: dict, where: str | None, best: tuple[int, str] | None) -> dict:
+    """The runs of `by_run` that `where` and `best` choose from the table of runs,
+    in its order (best first): the best of those runs, not of every run."""
+    table = run_table(path)
+    table = table.filter(pa.array([run in by_run for run in table["run_id"].to_pylist()], pa.bool_()))
+    chosen = select(table, where=where, best=best)["run_id"].to_pylist()
+    ordered = {run: by_run[run] for run in chosen if run in by_run}
+    if not ordered:
+        asked = " and ".join(part for part in (where is not None and f"--where {where!r}",
+                                               best is not None and f"--best {best[0]} {best[1]}") if part)
+        raise LookupError(f"no run under {path!r} matches {asked}; `lox runs {path}` shows the runs' columns "
+                          "and values.")
+    return ordered
 
 
 def _label_of(run: str, infos: dict) -> str:

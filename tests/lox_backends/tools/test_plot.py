@@ -1,6 +1,7 @@
 """`lox plot`'s axes and labels: --logy, --ylim, --label, the default y limits that a diverged
-run does not blow up, and non-finite values (lox_backends/tools/plot.py; its other options are
-tested through the command in test_cli.py)."""
+run does not blow up, non-finite values, and runs chosen from the table of runs by --where and
+--best (lox_backends/tools/plot.py; its other options are tested through the command in
+test_cli.py)."""
 
 import warnings
 
@@ -243,3 +244,44 @@ def test_help_says_what_the_new_options_do(capsys, monkeypatch):
             "diverged run, leaves the plot, marked on its edge and named on stderr)") in text
     assert ("--label KEY colour and label the curves by this metadata key's value, one colour per value (nested "
             "keys with dots, e.g. config.lr)") in text
+    assert ("--where CONDITION plot only the runs whose row in the table of runs (lox runs) meets this, e.g. "
+            "\"lr < 0.1 and status == 'finished'\"") in text
+    assert "--best N COLUMN plot only the N runs of least COLUMN in the table of runs, e.g. --best 3 loss.min" in text
+
+
+# --- --where and --best: runs chosen by the table of runs -------------------------------------
+
+def test_where_and_best_choose_the_runs_a_by_hand_reading_of_their_values_chooses(capsys, tmp_path):
+    rng = np.random.default_rng(3)
+    lrs = [0.3, 0.001, 0.05, 0.01, 1.0, 0.002]
+    losses = {f"lr{lr}": decaying(start=3.0, end=rng.uniform(0.05, 1.0), rate=0.05) for lr in lrs}
+    save_runs(tmp_path / "runs", {name: (loss, {"config": {"lr": lr}}) for (name, loss), lr in zip(losses.items(),
+                                                                                                   lrs, strict=True)})
+    by_lr = dict(zip(losses, lrs, strict=True))
+
+    def plotted(**kwargs):
+        return list(curves(figure_of(tmp_path / "runs", **kwargs)[0]))
+
+    assert plotted(where="lr < 0.04") == [name for name in losses if by_lr[name] < 0.04]  # oldest first
+    least = sorted(losses, key=lambda name: losses[name].min())
+    assert plotted(best=(3, "loss.min")) == least[:3]  # best first
+    among_small = [name for name in least if by_lr[name] <= 0.05]
+    assert plotted(where="config.lr <= 0.05", best=(2, "loss.min")) == among_small[:2]
+    assert plotted(best=(2, "loss.min"), runs=least[1:]) == least[1:3]  # --run narrows them too
+    # With --label: the chosen runs only, their values in the legend.
+    figure, _ = figure_of(tmp_path / "runs", best=(2, "loss.min"), label="lr")
+    assert legend(figure) == sorted((str(by_lr[name]) for name in least[:2]), key=float)
+    # What chooses nothing, or cannot be read, is an error naming it.
+    with pytest.raises(LookupError, match=r"^no run under .* matches --where 'lr > 5'; `lox runs .*` shows the "
+                                          r"runs' columns and values\.$"):
+        figure_of(tmp_path / "runs", where="lr > 5")
+    with pytest.raises(ValueError, match=r"best: the runs have no column 'acc\.max'; their columns are run_id, "):
+        figure_of(tmp_path / "runs", best=(2, "acc.max"))
+    # The command line.
+    output = tmp_path / "best.png"
+    status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--where", "lr < 0.5", "--best", "2", "loss.min",
+                           "-o", str(output))
+    assert (status, out, err) == (0, f"{output}\n", "")
+    status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--best", "two", "loss.min")
+    assert (status, out) == (2, "") and err == (
+        "lox plot: error: --best takes how many runs and a column, e.g. --best 3 loss.min; got 'two' runs.\n")
