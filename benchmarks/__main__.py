@@ -554,6 +554,12 @@ def imports():
     row("import lox.loggers (the Logger layer, pyarrow)", f"+{(loggers_s - jax_s) * 1e3:.0f} ms", loggers_s / jax_s)
 
 
+def runs():
+    from benchmarks.runs import runs  # writes 1,024 runs, and starts an S3 server
+
+    runs()
+
+
 def frameworks():
     from benchmarks.frameworks import frameworks  # flax, equinox and optax only when asked for
 
@@ -563,7 +569,8 @@ def frameworks():
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
             "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
-            "trackers": trackers, "tensorboard": tensorboard, "frameworks": frameworks, "imports": imports}
+            "trackers": trackers, "tensorboard": tensorboard, "runs": runs, "frameworks": frameworks,
+            "imports": imports}
 
 
 def main(argv: list[str]) -> None:
