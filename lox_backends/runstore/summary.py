@@ -51,7 +51,7 @@ def of_table(table: pa.Table) -> dict[str, dict[str, Any]]:
         return found
     table = table.unify_dictionaries()  # tables concatenated into a file: one dictionary per column, to group by
     scalars = table.select(["run", "key", "value"])
-    scalars = scalars.filter(pc.is_valid(scalars["value"]))
+    scalars = scalars.filter(pc.call_function("is_valid", [scalars["value"]]))
     if scalars.num_rows:
         # use_threads=False: "last" is the last row of each group, in table order
         grouped = scalars.group_by(["run", "key"], use_threads=False).aggregate(
@@ -64,14 +64,14 @@ def of_table(table: pa.Table) -> dict[str, dict[str, Any]]:
     if "step" in table.column_names:
         steps = table.select(["run", "step"]).group_by("run", use_threads=False).aggregate(
             [("step", "min"), ("step", "max")])
-    for run in (steps["run"].to_pylist() if steps is not None else pc.unique(table["run"]).to_pylist()):
+    for run in (steps["run"].to_pylist() if steps is not None else table["run"].unique().to_pylist()):
         found.setdefault(run, {"keys": {}, "steps": None})
     if steps is not None:
         for run, low, high in zip(*(steps[name].to_pylist() for name in ("run", "step_min", "step_max")),
                                   strict=True):
             if low is not None:
                 found[run]["steps"] = [low, high]
-    found.pop(None, None)  # rows of no run (a table a backend was handed without one)
+    found.pop(None, None)  # type: ignore[call-overload]  # rows of no run (a table handed without one)
     return found
 
 
@@ -162,7 +162,9 @@ def rebuild(folder: str, before: int, resumes: dict[str, list[dict[str, Any]]],
                 table = _rows(path, data, held[run_id])
                 if cut is not None and "step" in table.column_names:
                     step = table["step"]
-                    table = table.filter(pc.or_(pc.is_null(step), pc.less(step, cut)))
+                    kept = pc.call_function("or_kleene", [pc.call_function("is_null", [step]),
+                                                          pc.call_function("less", [step, pa.scalar(cut)])])
+                    table = table.filter(kept)
                 part = of_table(table).get(run_id, {})
             summary.add(part)
     return summaries

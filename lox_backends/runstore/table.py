@@ -228,8 +228,7 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
         run_id = single.get("run_id", filesystems.basename(path))
         batches = single.get("batches")
         found = read_index(filesystems.join(root, batches, layout.RUNS_INDEX)) if isinstance(batches, str) else None
-        rows = [_resolved(writers, root, row, found[2])
-                for row in (found[0] if found else []) if row["run_id"] == run_id]
+        rows = [_resolved(writers, root, row, found[2]) for row in found[0] if row["run_id"] == run_id] if found else []
         names = set(found[1].get(run_id, [])) if found else set()
         if not rows:
             rows, names = [_resolved(writers, root, run_row(single), None, single)], set(Summary.from_json(
@@ -263,7 +262,7 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
         raise ValueError(f"no lox runs in {path!r}: {expected}.")
     table = _concat(tables)
     table = table.select(_ordered(table.column_names, names))
-    return table.take(pc.sort_indices(table, sort_keys=[("start", "ascending"), ("run_id", "ascending")]))
+    return table.sort_by([("start", "ascending"), ("run_id", "ascending")])
 
 
 def _resolved(writers: Writers, root: str, row: dict[str, Any], writer: Mapping[str, Any] | None,
@@ -318,8 +317,8 @@ def _as_strings(table: pa.Table, names: Collection[str]) -> pa.Table:
 STATUSES = ("running", "finished", "failed", "killed")
 _CLAUSE = re.compile(r"""\s*(?P<column>[^\s<>=!'"]+)\s*(?P<op><=|>=|==|!=|<|>)\s*"""
                      r"""(?P<value>'[^']*'|"[^"]*"|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|true|false)\s*""")
-_OPERATORS = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal, "==": pc.equal,
-              "!=": pc.not_equal}
+_OPERATORS = {"<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal", "==": "equal",
+              "!=": "not_equal"}  # pyarrow.compute's functions
 
 
 def select(table: pa.Table, where: str | None = None, sort: str | None = None,
@@ -352,7 +351,8 @@ def select(table: pa.Table, where: str | None = None, sort: str | None = None,
     if status is not None:
         if status not in STATUSES:
             raise ValueError(f"no status {status!r}: a run's status is one of {', '.join(STATUSES)}.")
-        table = table.filter(pc.equal(table["status"], status)) if "status" in table.column_names else table
+        if "status" in table.column_names:
+            table = table.filter(pc.call_function("equal", [table["status"], pa.scalar(status)]))
     if where is not None:
         table = table.filter(_condition(table, where))
     if best is not None:
@@ -360,11 +360,11 @@ def select(table: pa.Table, where: str | None = None, sort: str | None = None,
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"best=({count!r}, {column!r}): the number of runs to keep is a positive integer.")
         name = column_named(table, column, "best")
-        table = table.take(pc.sort_indices(table, sort_keys=[(name, "ascending")]))[:count]
+        table = table.sort_by([(name, "ascending")]).slice(0, count)
     if sort is not None:
         descending = sort.startswith("-")
         name = column_named(table, sort.removeprefix("-"), "sort")
-        table = table.take(pc.sort_indices(table, sort_keys=[(name, "descending" if descending else "ascending")]))
+        table = table.sort_by([(name, "descending" if descending else "ascending")])
     return table
 
 
@@ -393,8 +393,8 @@ def _condition(table: pa.Table, where: str) -> pa.ChunkedArray | pa.Array:
         if pa.types.is_null(kind):
             found = pa.nulls(table.num_rows, pa.bool_())
         else:
-            found = _OPERATORS[match["op"]](column, pa.scalar(value, kind if not numeric else None))
-        mask = found if mask is None else pc.and_kleene(mask, found)
+            found = pc.call_function(_OPERATORS[match["op"]], [column, pa.scalar(value, kind if not numeric else None)])
+        mask = found if mask is None else pc.call_function("and_kleene", [mask, found])
     assert mask is not None  # noqa: S101 - re.split gives at least one clause
     return pc.fill_null(mask, False)
 

@@ -237,7 +237,7 @@ def run_listing(table: pa.Table, form: str = "text", width: int | None = None) -
     shown, used = [], 0
     for name in names:
         cells = [_cell(value, whole=name in ("name", "run_id")) for value in table.column(name).to_pylist()]
-        header = {"start": "start (UTC)", "duration": "duration (s)"}.get(name, name)
+        header = _HEADERS.get(name) or name
         column_width = max([len(header), *map(len, cells)])
         if shown and used + column_width > width:
             break
@@ -254,9 +254,10 @@ def run_listing(table: pa.Table, form: str = "text", width: int | None = None) -
 
 
 VALUE_WIDTH = 24  # characters of a value in the text table
+_HEADERS = {"start": "start (UTC)", "duration": "duration (s)"}  # columns whose unit the text table says
 
 
-def _cell(value, whole: bool = False) -> str:
+def _cell(value: object, whole: bool = False) -> str:
     if value is None:
         return ""
     if isinstance(value, datetime.datetime):
