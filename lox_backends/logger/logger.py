@@ -217,12 +217,18 @@ class Logger:
         # A different operand per `init` call, so that XLA never merges two
         # calls into one (the callback is pure to JAX, which lets vmap batch it).
         nonce = jnp.int32(next(_init_calls))
+        # Called eagerly (neither traced nor vmapped): the runs a run id names are decided here, so
+        # that an id refused raises here, on every process of a job alike; raised by the host call,
+        # it would be a callback's failure, which a job reports again at exit (`lox_core.failures`).
+        eager = runtime.staging_trace() is None and not traced((seed, dynamic))
+        decided = self._named_runs(request, ()) if request is not None and eager else None
 
         def open_runs(seed, dynamic, nonce):
             seed = np.asarray(seed)
             batch_shape = seed.shape[: seed.ndim - seed_ndim]
             numbers = np.empty(batch_shape, np.int32)
-            named = self._named_runs(request, batch_shape) if request is not None else None
+            named = decided if decided is not None else \
+                self._named_runs(request, batch_shape) if request is not None else None
             for position, index in enumerate(np.ndindex(batch_shape)):
                 meta = template.fill(dynamic, index)
                 if key is not None:

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lox_backends.runstore import filesystems, layout
@@ -56,19 +57,33 @@ from lox_core.logdict import logdict
 @dataclasses.dataclass(frozen=True)
 class BatchFile:
     """A batch file with rows of one run: `rows` is (first row, rows) of the run
-    in a file shared by a group of runs, None for a file of the run's own folder."""
+    in a file shared by a group of runs, None for a file of the run's own folder.
+    `superseded_from`: the step from which the run's rows in this file were
+    superseded by a resume (`layout.superseded_from`), None where none were."""
 
     sequence: int
     name: str
     path: str
     rows: tuple[int, int] | None = None
+    superseded_from: int | None = None
 
     def read(self) -> pa.Table:
-        """The run's rows (with the file's schema metadata)."""
+        """The run's rows (with the file's schema metadata), but those a resume superseded."""
         table = _read_table(self.path)
         if self.rows is None:
             return table
-        return _without_metadata(table.slice(*self.rows), (layout.RUNS_METADATA,))  # the other runs' rows
+        table = _without_metadata(table.slice(*self.rows), (layout.RUNS_METADATA,))  # the other runs' rows
+        if self.superseded_from is not None:
+            keep = _kept(table, [(0, table.num_rows, self.superseded_from)])
+            if keep is not None:
+                table = table.filter(keep)
+        return table
+
+    @property
+    def written(self) -> int | None:
+        """How many rows of the run the file holds as written (superseded ones
+        included), where its footer says: what ``rows`` in ``_run.json`` counts."""
+        return None if self.rows is None else self.rows[1]
 
 
 def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
@@ -104,7 +119,12 @@ def load(path: str | os.PathLike[str]) -> logdict | dict[str, logdict]:
         single, folders = locate(path)
         if single:
             return _load_run(*folders[0], groups=None)
-        with _ConvertedGroups(remote=filesystems.is_uri(folders[0][0])) as groups:
+        resumed: dict[str, dict[str, list[dict[str, Any]]]] = {}  # batches folder -> run id -> its resumes
+        for folder, info in folders:
+            group = _batches_folder(folder, info)
+            if group is not None and info.get("resumes"):
+                resumed.setdefault(group, {})[info.get("run_id", filesystems.basename(folder))] = info["resumes"]
+        with _ConvertedGroups(remote=filesystems.is_uri(folders[0][0]), resumed=resumed) as groups:
             return {filesystems.basename(folder): _load_run(folder, info, groups) for folder, info in folders}
 
 
@@ -313,10 +333,12 @@ def _load_run(folder: str, info: dict[str, Any], groups: _ConvertedGroups | None
     """One run: its files one at a time (each file's schema metadata, step dtypes and
     empty series, describes that file only); with `groups`, its group's shared files
     as converted once for all the runs being loaded."""
-    tables = [file.read() for file in run_files(folder, info, shared=groups is None)]
+    files = run_files(folder, info, shared=groups is None)
+    tables = [file.read() for file in files]
     parts = [from_arrow(table) for table in tables]
     flat = set().union(*map(flat_keys, tables))  # keys of several structures in a file: flat in all
-    found = sum(table.num_rows for table in tables)
+    found = sum(table.num_rows if file.written is None else file.written  # as written: superseded rows count
+                for file, table in zip(files, tables, strict=True))
     group = _batches_folder(folder, info)
     if groups is not None and group is not None:
         shared, flat_there, rows = groups.parts(group, info.get("run_id", filesystems.basename(folder)))
@@ -362,9 +384,10 @@ class _ConvertedGroups:
     once for all its runs (`load` of a folder of runs), its files read in
     parallel."""
 
-    def __init__(self, remote: bool = False) -> None:
+    def __init__(self, remote: bool = False, resumed: dict[str, dict[str, list[dict[str, Any]]]] | None = None):
         # pyarrow and NumPy work without the GIL; a bucket's files mostly wait on the network.
         self._pool = concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS if remote else 8)
+        self._resumed = resumed or {}  # batches folder -> run id -> its resumes (`_run.json`)
         self._converted: dict[str, list[tuple[dict[str | None, logdict], set[str]]]] = {}
         self._rows: dict[str, collections.Counter[str]] = {}  # by folder: each run's rows in its files
 
@@ -380,8 +403,9 @@ class _ConvertedGroups:
         run's rows list as of several structures (``lox_core.arrow.flat_keys``),
         and how many rows of the run the files hold."""
         if folder not in self._converted:
-            paths = [path for _, _, path in batch_files(folder, missing_ok=True)]
-            files = list(self._pool.map(_decode, paths))
+            resumed = self._resumed.get(folder, {})
+            found = [(path, _cuts(resumed, sequence)) for sequence, _, path in batch_files(folder, missing_ok=True)]
+            files = list(self._pool.map(lambda file: _decode(*file), found))
             self._converted[folder] = _convert(files)
             rows: collections.Counter[str] = collections.Counter()
             for file in files:
@@ -416,22 +440,71 @@ def _convert(files: list[_Decoded]) -> list[tuple[dict[str | None, logdict], set
 @dataclasses.dataclass
 class _Decoded:
     """A shared batch file as read for `load`: its table (without the per-file
-    metadata), its runs, and its rows in the common form if they are."""
+    metadata), its runs, and its rows in the common form if they are; and,
+    where a resume superseded rows of the file, each run's rows as written."""
 
     table: pa.Table
     runs: dict[str, list[int]]
     rows: StepRows | None
+    written: dict[str, int] | None = None
 
     def row_counts(self) -> dict[str, int]:
-        """Run id -> its rows in the file (from ``lox.runs``, or the ``run``
-        column of a file without it)."""
+        """Run id -> its rows in the file as written, superseded rows included
+        (from ``lox.runs``, or the ``run`` column of a file without it)."""
+        if self.written is not None:
+            return self.written
         if self.runs or self.table.num_rows == 0:
             return {run: int(rows) for run, (_, rows) in self.runs.items()}
         counts = self.table.column("run").value_counts().to_pylist()
         return {item["values"]: item["counts"] for item in counts if item["values"] is not None}
 
 
-def _decode(path: str) -> _Decoded:
+def _cuts(resumed: dict[str, list[dict[str, Any]]], sequence: int) -> dict[str, int]:
+    """Run id -> the step from which its rows in the batch file numbered
+    `sequence` are superseded, for the runs of `resumed` (their resumes) that have one."""
+    cuts = {run: layout.superseded_from(resumes, sequence) for run, resumes in resumed.items()}
+    return {run: cut for run, cut in cuts.items() if cut is not None}
+
+
+def _kept(table: pa.Table, cuts: list[tuple[int, int, int]]) -> pa.Array | None:
+    """The mask of the rows of `table` to keep, where `cuts` are (first row,
+    rows, step) of runs whose rows with a ``step`` of at least that step were
+    superseded (rows without a ``step`` are kept); None where every row is kept."""
+    if "step" not in table.column_names or not cuts:
+        return None
+    step = table.column("step")
+    keep = np.ones(table.num_rows, bool)
+    for first, rows, cut in cuts:
+        steps = pc.fill_null(step.slice(first, rows), cut - 1).to_numpy()  # a row without a step is kept
+        keep[first : first + rows] &= steps < cut
+    return None if keep.all() else pa.array(keep)
+
+
+def _supersede(table: pa.Table, runs: dict[str, list[int]], cuts: dict[str, int]) -> _Decoded | None:
+    """A shared file's table without the rows that resumes superseded (`cuts`:
+    run id -> step), its runs' rows as they are then and as written; None where
+    no row of the file was superseded."""
+    if runs:
+        ranges = [(int(first), int(rows), cuts[run]) for run, (first, rows) in runs.items() if run in cuts]
+    else:  # a file without ``lox.runs``: each run's rows told by the run column
+        ranges = []
+        for run, cut in cuts.items():
+            rows = np.flatnonzero(np.array(table.column("run").to_pylist(), object) == run)
+            ranges += [(int(row), 1, cut) for row in rows]
+    keep = _kept(table, ranges)
+    if keep is None:
+        return None
+    written = _Decoded(table, runs, None).row_counts()
+    kept = keep.to_numpy(zero_copy_only=False)
+    table = table.filter(keep)
+    now, start = {}, 0
+    for run, (first, rows) in sorted(runs.items(), key=lambda item: item[1][0]):  # runs' rows stay together
+        count = int(kept[first : first + rows].sum())
+        now[run], start = [start, count], start + count
+    return _Decoded(table, now, StepRows.of(table), written)
+
+
+def _decode(path: str, cuts: dict[str, int] | None = None) -> _Decoded:
     try:  # read once: not worth keeping in _read_table's cache
         file = pq.ParquetFile(pa.BufferReader(filesystems.read_buffer(path)) if filesystems.is_uri(path) else path)
         if (file.schema_arrow.metadata or {}).get(layout.SCALARS_METADATA) == b"1":
@@ -442,6 +515,10 @@ def _decode(path: str) -> _Decoded:
         raise _damaged(path, e) from e
     runs = json.loads((table.schema.metadata or {}).get(layout.RUNS_METADATA, b"{}"))
     table = _without_metadata(table, layout.PER_FILE_METADATA)
+    if cuts:  # rows that a resume superseded: left out before the group's files are converted
+        superseded = _supersede(table, runs, cuts)
+        if superseded is not None:
+            return superseded
     return _Decoded(table, runs, StepRows.of(table))
 
 
@@ -463,8 +540,9 @@ def _without_metadata(table: pa.Table, keys: tuple[bytes, ...]) -> pa.Table:
     return table.replace_schema_metadata({k: v for k, v in (table.schema.metadata or {}).items() if k not in keys})
 
 
-def batch_file(path: str, run_id: str) -> BatchFile:
-    """The batch file at `path`, as it holds rows of `run_id`."""
+def batch_file(path: str, run_id: str, resumes: list[dict[str, Any]] | None = None) -> BatchFile:
+    """The batch file at `path`, as it holds rows of `run_id` (whose resumes,
+    as ``_run.json`` lists them, are `resumes`: rows they superseded are left out)."""
     name = filesystems.basename(path)
     match = layout.BATCH_FILE.fullmatch(name)
     if match is None:
@@ -474,13 +552,16 @@ def batch_file(path: str, run_id: str) -> BatchFile:
     rows = runs_in(path).get(run_id)
     if rows is None:
         raise ValueError(f"the batch file {path!r} holds no rows of run {run_id!r}.")
-    return BatchFile(int(match.group(1)), name, path, (int(rows[0]), int(rows[1])))
+    sequence = int(match.group(1))
+    return BatchFile(sequence, name, path, (int(rows[0]), int(rows[1])),
+                     layout.superseded_from(resumes or [], sequence))
 
 
 def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = True) -> list[BatchFile]:
     """The batch files holding rows of the run in `folder` (whose ``_run.json``
     is `info`), in order: files of its own folder (written by lox before 0.2),
-    then (if `shared`) files of its group's batches folder that hold rows of the run."""
+    then (if `shared`) files of its group's batches folder that hold rows of the run;
+    reading them (`BatchFile.read`) leaves out the rows its resumes superseded."""
     files = [BatchFile(sequence, name, path) for sequence, name, path in batch_files(folder)]
     if not shared:
         return files
@@ -488,6 +569,7 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
     group = _batches_folder(folder, info)
     if group is not None:
         run_id = info.get("run_id", filesystems.basename(folder))
+        resumes = info.get("resumes") or []
         found = batch_files(group, missing_ok=True)
         if filesystems.is_uri(group) and len(found) > 1:  # a request each: many at once
             with concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS) as pool:
@@ -497,7 +579,8 @@ def run_files(folder: str, info: dict[str, Any] | None = None, shared: bool = Tr
         for (sequence, name, path), runs in zip(found, held, strict=True):
             rows = runs.get(run_id)
             if rows is not None:
-                files.append(BatchFile(sequence, name, path, (int(rows[0]), int(rows[1]))))
+                cut = layout.superseded_from(resumes, sequence)
+                files.append(BatchFile(sequence, name, path, (int(rows[0]), int(rows[1])), cut))
     return files
 
 
@@ -513,6 +596,25 @@ def runs_in(path: str) -> dict[str, list[int]]:
     except (OSError, pa.ArrowException) as e:
         raise _damaged(path, e) from e
     return json.loads(metadata.get(layout.RUNS_METADATA, b"{}"))
+
+
+def footers(paths: list[str]) -> list[dict[bytes, bytes]]:
+    """The schema metadata of the batch files at `paths` (``lox.runs``,
+    ``lox.summary``...), in order: read from each file's footer (a request
+    per file in a bucket, many at once), nothing kept."""
+
+    def footer(path: str) -> dict[bytes, bytes]:
+        try:
+            where = pa.BufferReader(filesystems.read_buffer(path)) if filesystems.is_uri(path) else path
+            return pq.read_schema(where).metadata or {}
+        except (OSError, pa.ArrowException) as e:
+            raise _damaged(path, e) from e
+
+    if len(paths) < 2:
+        return [footer(path) for path in paths]
+    remote = filesystems.is_uri(paths[0])
+    with concurrent.futures.ThreadPoolExecutor(min(len(paths), _REMOTE_THREADS if remote else 8)) as pool:
+        return list(pool.map(footer, paths))
 
 
 # Runs of a shared file are read one after the other (a tracker sending a flush's file);

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
 from lox_backends.runstore import filesystems, layout
-from lox_backends.runstore.reader import Writers, batch_files, process_alive, read_run_json
+from lox_backends.runstore.reader import Writers, batch_files, footers, process_alive, read_run_json
 from lox_backends.runstore.summary import Summary, of_table, rebuild
 from lox_backends.runstore.table import index_table, read_index, run_row
 from lox_core import schema
@@ -102,6 +102,7 @@ class RunStoreWriter:
         self._existing: set[str] | None = None  # in a bucket: the folders there when the first run opened
         self._runs: dict[str, _RunState] = {}
         self._groups: dict[str, _BatchesFolder] = {}  # by folder name
+        self._counted: dict[str, collections.Counter[str]] = {}  # by folder: runs' rows before resumes (`_resume`)
         self._unsynced_files: list[tuple[str, list[str]]] = []  # (path, its run ids)
         self._unsynced_dirs: set[str] = set()
         self._retry_at_flush = False  # a file could not be written: `write` leaves the next try to `flush`
@@ -221,12 +222,14 @@ class RunStoreWriter:
         if self._existing is not None:
             self._existing.add(run.run_id)
         info = earlier or {}
+        resumed = run.resumed and earlier is not None
         info.update(
             run_id=run.run_id,
             name=run.name,
             group=run.group,
             index=run.index,
-            metadata=run.metadata,
+            # A resumed run keeps its metadata, updated by what `init` was given now.
+            metadata={**(info.get("metadata") or {}), **run.metadata} if resumed else run.metadata,
             created=info.get("created") or _now(),
             lox_version=_lox_version(),
             status=info.get("status", "running"),
@@ -235,7 +238,9 @@ class RunStoreWriter:
             pid=os.getpid(),
             heartbeat={"file": f"{batches}/{layout.heartbeat_file(self._writer)}", "every": self.heartbeat_every},
         )
-        state = _RunState(folder, info, self._group(batches), rows=int(info.get("rows") or 0))
+        group = self._group(batches)
+        rows = self._resume(run, info, group) if resumed else int(info.get("rows") or 0)
+        state = _RunState(folder, info, group, rows=rows)
         self._runs[run.run_id] = state
         try:
             if write_info and earlier is None:
@@ -244,6 +249,36 @@ class RunStoreWriter:
             for listener in self.listeners:
                 listener.run_opened(run, folder)
         return state
+
+    def _resume(self, run: hooks.RunInfo, info: dict[str, Any], group: _BatchesFolder) -> int:
+        """A resumed run's ``_run.json`` (`info`, as it was) goes on: the resume
+        is listed (its ``from_step`` supersedes rows of the group's files so far,
+        `layout.superseded_from`). Returns the rows the run has in those files:
+        ``rows`` of a run that ended; of a killed one (no ``rows``), counted
+        from the files' footers."""
+        resumes = info.get("resumes")
+        info["resumes"] = [*(resumes if isinstance(resumes, list) else []),
+                           {"time": _now(), "from_step": run.from_step, "first_batch": group.next_seq}]
+        rows = info.get("rows")
+        if "ended" in info and isinstance(rows, int) and not isinstance(rows, bool):
+            return rows
+        return self._rows_written(group)[run.run_id]
+
+    def _rows_written(self, group: _BatchesFolder) -> collections.Counter[str]:
+        """Run id -> its rows in the group's batch files, read from their footers
+        once per group (one listing; in a bucket, many files at once): what
+        killed runs that are resumed have. A run this writer had open has its
+        rows in its ``_run.json`` since it ended, so files written after this
+        count need not be counted again."""
+        counted = self._counted.get(group.folder)
+        if counted is None:
+            paths = [path for sequence, _, path in batch_files(group.folder, missing_ok=True)
+                     if sequence < group.next_seq]
+            counted = self._counted[group.folder] = collections.Counter()
+            for metadata in footers(paths):
+                for run_id, (_, rows) in json.loads(metadata.get(layout.RUNS_METADATA, b"{}")).items():
+                    counted[run_id] += int(rows)
+        return counted
 
     def _group(self, name: str) -> _BatchesFolder:
         group = self._groups.get(name)

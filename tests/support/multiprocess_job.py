@@ -101,6 +101,26 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
             jax.effects_barrier()
         else:
             summed(jnp.arange(3.0))  # process-local: every process runs it, and its callback
+    elif scenario == "resume":  # a run of an id written, resumed by another Logger, refused by a third
+        def log_steps(value, steps):
+            for step in steps:
+                lox.log({"x": value}, step=step)
+
+        first = lox.loggers.from_config(f"parquet:{folder}")
+        state = first.init(run_id="job", lr=0.1)
+        first.spool(log_steps, state)(1.0, [0, 1, 2])
+        first.close()
+        again = lox.loggers.from_config(f"parquet:{folder}")
+        state = again.init(run_id="job", resume="allow", from_step=1)
+        report["runs"] = [(run.run_id, run.resumed, run.from_step) for run in again.runs()]
+        again.spool(log_steps, state)(2.0, [1, 2])
+        again.close()
+        third = lox.loggers.from_config(f"parquet:{folder}")
+        try:
+            third.init(run_id="job")
+        except ValueError as error:
+            report["error"] = str(error)
+        third.close()
     elif scenario == "early":
         try:
             early.init()

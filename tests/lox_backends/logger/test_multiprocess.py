@@ -117,6 +117,17 @@ def test_logger_calls_in_shard_map_are_refused_by_default_and_per_process_with_e
     assert sorted(len(logs["loss"]) for logs in got.values()) == [4, 4]
 
 
+def test_a_run_id_is_resumed_alike_on_every_process_and_refused_alike_when_it_exists(tmp_path):
+    # Process 0 looks for the run (it writes); process 1 takes what it decided.
+    reports = run_job("resume", tmp_path)
+    assert reports[0]["runs"] == reports[1]["runs"] == [["job", True, 1]]
+    assert reports[0]["error"] == reports[1]["error"]
+    assert reports[0]["error"].startswith(f"`logger.init` got run_id='job', and run 'job' exists ('{tmp_path}/job')")
+    logs = lox.load(tmp_path / "job")
+    assert (logs.step["x"].tolist(), logs["x"].tolist()) == ([0, 1, 2], [1.0, 2.0, 2.0])
+    assert [r["run_id"] for r in reader.runs(tmp_path)] == ["job"]
+
+
 def test_a_logger_made_before_the_job_is_joined_is_refused_at_init(tmp_path):
     for report in run_job("early", tmp_path):
         assert report["error"].startswith("this lox Logger was created before `jax.distributed.initialize()`")
