@@ -65,6 +65,7 @@ import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
+from lox_backends.runstore import layout
 from lox_backends.trackers.tables import Batch, arrays, scalars
 from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core.logdict import NO_STEP
@@ -139,7 +140,7 @@ class MlflowBackend(TrackerBackend):
             warnings.warn(
                 f"lox: run {run.name!r} was opened again with other values of {', '.join(map(repr, changed))} "
                 f"than its MLflow run {run_id} has; MLflow keeps a param's first value, so the new ones are not "
-                "sent (they are in the local log's _run.json).",
+                f"sent (they are in the local log's {layout.RUN_FILE}).",
                 RuntimeWarning,
                 stacklevel=2,
             )
