@@ -106,6 +106,39 @@ def test_non_finite_values_are_stored_as_strict_json_and_read_back(tmp_path):
     assert (count, low, high) == (4, -1.0, np.inf) and np.isnan(last)
 
 
+def test_a_resumed_run_goes_on_from_its_files_footers_without_the_superseded_steps(tmp_path):
+    """Killed after step 11 (never closed), resumed from step 6: steps 6-11 of the
+    first life are superseded, and the summary is of steps 0-5 and the new ones."""
+    rng = np.random.default_rng(3)
+    first = rng.standard_normal(12).astype(np.float32)
+    flushed_run(tmp_path, [first[:4], first[4:9], first[9:]], {"best": 1.0}, close=False)
+    again = rng.standard_normal(5).astype(np.float32)
+    backend = ParquetBackend(str(tmp_path))
+    run = hooks.RunInfo("r", name="r", group="g", metadata={"lr": 0.1}, resumed=True, from_step=6)
+    backend.open_run(run)
+    backend.write(run, events(again, np.arange(6, 11)).to_arrow(run="r"))
+    backend.flush()
+    backend.summarize(run, {"other": 2})
+    backend.close_run(run)
+    backend.close()
+    stored = json.loads((tmp_path / "r" / layout.RUN_FILE).read_text())["summary"]
+    same(stored["keys"]["loss"], by_hand(np.concatenate([first[:6], again]).astype(np.float64)))
+    assert stored["values"] == {"best": 1.0, "other": 2}  # the killed life's value, from its group's index
+    assert lox.load(str(tmp_path / "r"))["loss"].tolist() == np.concatenate([first[:6], again]).tolist()
+
+
+def test_a_run_resumed_after_it_ended_keeps_its_values_and_a_resume_without_from_step_keeps_every_row(tmp_path):
+    flushed_run(tmp_path, [np.array([3.0, 1.0])], {"best": 1.0})
+    backend = ParquetBackend(str(tmp_path))
+    run = hooks.RunInfo("r", name="r", group="g", resumed=True)
+    backend.open_run(run)
+    backend.write(run, events([2.0], np.array([2])).to_arrow(run="r"))
+    backend.close_run(run)
+    backend.close()
+    stored = json.loads((tmp_path / "r" / layout.RUN_FILE).read_text())["summary"]
+    assert stored == {"keys": {"loss": {"last": 2.0, "min": 1.0, "max": 3.0, "count": 3}}, "values": {"best": 1.0}}
+
+
 def test_the_memory_backend_keeps_the_same_summary():
     backend = MemoryBackend()
     run = hooks.RunInfo("r", name="r", group="g")
