@@ -461,9 +461,18 @@ class _Decoded:
 
 def _cuts(resumed: dict[str, list[dict[str, Any]]], sequence: int) -> dict[str, int]:
     """Run id -> the step from which its rows in the batch file numbered
-    `sequence` are superseded, for the runs of `resumed` (their resumes) that have one."""
-    cuts = {run: layout.superseded_from(resumes, sequence) for run, resumes in resumed.items()}
-    return {run: cut for run, cut in cuts.items() if cut is not None}
+    `sequence` are superseded, for the runs of `resumed` (their resumes) that
+    have one; worked out once per set of resumes (seeds resumed by one `init` share theirs)."""
+    shared: dict[tuple, list[str]] = {}
+    for run, resumes in resumed.items():
+        key = tuple((r.get("from_step"), r.get("first_batch")) for r in resumes if isinstance(r, dict))
+        shared.setdefault(key, []).append(run)
+    cuts = {}
+    for key, runs in shared.items():
+        cut = layout.superseded_from([{"from_step": step, "first_batch": first} for step, first in key], sequence)
+        if cut is not None:
+            cuts.update(dict.fromkeys(runs, cut))
+    return cuts
 
 
 def _kept(table: pa.Table, cuts: list[tuple[int, int, int]]) -> pa.Array | None:
@@ -472,11 +481,12 @@ def _kept(table: pa.Table, cuts: list[tuple[int, int, int]]) -> pa.Array | None:
     superseded (rows without a ``step`` are kept); None where every row is kept."""
     if "step" not in table.column_names or not cuts:
         return None
-    step = table.column("step")
-    keep = np.ones(table.num_rows, bool)
+    lowest = np.iinfo(np.int64).min
+    limits = np.full(table.num_rows, np.iinfo(np.int64).max)  # each row's cut: none but in the runs of `cuts`
     for first, rows, cut in cuts:
-        steps = pc.fill_null(step.slice(first, rows), cut - 1).to_numpy()  # a row without a step is kept
-        keep[first : first + rows] &= steps < cut
+        limits[first : first + rows] = cut
+    steps = pc.fill_null(table.column("step").cast(pa.int64()), lowest).to_numpy()  # a row without a step is kept
+    keep = steps < limits
     return None if keep.all() else pa.array(keep)
 
 
@@ -497,10 +507,12 @@ def _supersede(table: pa.Table, runs: dict[str, list[int]], cuts: dict[str, int]
     written = _Decoded(table, runs, None).row_counts()
     kept = keep.to_numpy(zero_copy_only=False)
     table = table.filter(keep)
-    now, start = {}, 0
-    for run, (first, rows) in sorted(runs.items(), key=lambda item: item[1][0]):  # runs' rows stay together
-        count = int(kept[first : first + rows].sum())
-        now[run], start = [start, count], start + count
+    order = sorted(runs.items(), key=lambda item: item[1][0])  # each run's rows stay together, in this order
+    bounds = np.array([[first, first + rows] for _, (first, rows) in order], np.int64).reshape(-1, 2)
+    before = np.concatenate([[0], np.cumsum(kept)])  # rows kept before each row
+    counts = (before[bounds[:, 1]] - before[bounds[:, 0]]).tolist()
+    starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    now = {run: [starts[i], counts[i]] for i, (run, _) in enumerate(order)}
     return _Decoded(table, now, StepRows.of(table), written)
 
 
