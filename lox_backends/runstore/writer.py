@@ -172,6 +172,10 @@ class RunStoreWriter:
             summary = self._summary(state)
             state.info["summary"] = summary.to_json()
             self._write_run_json(state)
+            if self._uploads is not None and self.listeners:
+                # A tracker following this log reads the run's summary from this _run.json
+                # once told the run closed: in a bucket, only once its upload is complete.
+                self._uploads.wait()
             del self._runs[run.run_id]
             self._index_rows(state.group)[run.run_id] = (run_row(state.info, summary), list(summary.values))
             state.group.index_dirty = True
