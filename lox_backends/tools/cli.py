@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         description=(
             "Print the table of runs saved in a folder (by the parquet backend, or a tracker's local log), "
             "oldest first, one line each: name, run id, status (running, finished, failed, or killed: its process "
-            "died), when it started (UTC), how long it ran (seconds), then its metadata (nested keys with dots, "
-            "config.lr), the last, min, max and count of each key of scalars it logged (loss.min...) and its "
-            "logger.summary values: the table lox.runs(DIR) returns. Columns that do not fit the terminal are "
-            "left out, and named."
+            "died, or ended by SIGTERM), when it started (UTC), how long it ran (seconds), then its metadata "
+            "(nested keys with dots, config.lr), the last, min, max and count of each key of scalars it logged "
+            "(loss.min...) and its logger.summary values: the table lox.runs(DIR) returns. Columns that do not fit "
+            "the terminal are left out, and named."
         ),
     )
     runs.add_argument("path", help="a folder of runs (e.g. lox-runs, s3://bucket/runs), or one run's folder")
@@ -284,8 +284,8 @@ def _json_value(value):
 
 def runs_table(path: str) -> str:
     """The runs at `path`, oldest first, one line each under a header: name,
-    run id, status (a run whose process died: killed), when it was created
-    (UTC, to the second), and its rows where ``_run.json`` records them (once
+    run id, status (a run whose process died or got SIGTERM: killed), when it
+    was created (UTC, to the second), and its rows where ``_run.json`` records them (once
     the run ended)."""
     rows = [("name", "run id", "status", "created (UTC)", "rows")]
     for info in reader.runs(path):
