@@ -63,7 +63,40 @@ def runs() -> None:
     row("lox.runs(folder): the table, summaries included", f"{t['runs'] * 1e3:.0f} ms", t["runs"] / t["hand"],
         "<= 0.2 s")
     row("lox.load(folder): every run's logs", f"{t['load'] * 1e3:.0f} ms")
+    resume_cost()
     bucket_requests()
+
+
+def resume_cost() -> None:
+    """What resuming adds to `init` (with `finish`, which each new init needs): a run
+    opened and finished afresh, against the same run resumed from step 10 after
+    it logged 100 steps; and 1,024 vmapped seeds likewise."""
+    with tempfile.TemporaryDirectory() as root:
+        logger = lox.loggers.from_config(f"parquet:{root}")
+        state = logger.init(run_id="job")
+        logger.spool(lambda: [lox.log({"loss": 1.0}, step=s) for s in range(100)], state)()
+        logger.finish(state)
+        fresh = iter(range(10**6))
+        t = side_by_side({
+            "plain": lambda: logger.finish(logger.init()),
+            "named": lambda: logger.finish(logger.init(run_id=f"new-{next(fresh)}")),
+            "resumed": lambda: logger.finish(logger.init(run_id="job", resume="allow", from_step=10)),
+        }, reps=5, rounds=5)
+        keys = jax.random.split(jax.random.key(0), SEEDS)
+        logger.finish(jax.vmap(lambda k: logger.init(k, run_id="seeds"))(keys))
+        seeds = side_by_side({
+            "plain": lambda: logger.finish(jax.vmap(lambda k: logger.init(k))(keys)),
+            "resumed": lambda: logger.finish(jax.vmap(lambda k: logger.init(k, run_id="seeds", resume="allow",
+                                                                            from_step=10))(keys)),
+        }, reps=1, rounds=3)
+        logger.close()
+    row("init + finish, one run", f"{t['plain'] * 1e3:.1f} ms")
+    row("init(run_id=new) + finish", f"{t['named'] * 1e3:.1f} ms", t["named"] / t["plain"])
+    row("init(run_id, resume='allow', from_step) + finish", f"{t['resumed'] * 1e3:.1f} ms",
+        t["resumed"] / t["plain"], "adds <= 1 s")
+    row(f"init + finish, {SEEDS:,} vmapped seeds", f"{seeds['plain'] * 1e3:.0f} ms")
+    row(f"the same {SEEDS:,} seeds resumed", f"{seeds['resumed'] * 1e3:.0f} ms", seeds["resumed"] / seeds["plain"],
+        "adds <= 1 s")
 
 
 def bucket_requests() -> None:
