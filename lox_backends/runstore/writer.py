@@ -227,10 +227,16 @@ class RunStoreWriter:
             self._existing.add(run.run_id)
         info = earlier or {}
         resumed = run.resumed and earlier is not None
+        group_name = run.group
+        if resumed and isinstance(info.get("batches"), str):
+            # Its rows so far are in its group's folder (one a run opened without a run id, or by
+            # lox 0.2, has under its logger's group): it goes on there, else readers lose them.
+            batches = info["batches"]
+            group_name = info.get("group") or batches.removesuffix(layout.BATCHES_SUFFIX)
         info.update(
             run_id=run.run_id,
             name=run.name,
-            group=run.group,
+            group=group_name,
             index=run.index,
             # A resumed run keeps its metadata, updated by what `init` was given now.
             metadata={**(info.get("metadata") or {}), **run.metadata} if resumed else run.metadata,

@@ -360,3 +360,22 @@ def test_rows_are_superseded_in_files_whose_footer_does_not_say_which_rows_are_w
     everything = lox.load(tmp_path)
     assert (everything["a"].step["loss"].tolist(), everything["a"]["loss"].tolist()) == ([0, 1], [1.0, 20.0])
     assert everything["b"]["loss"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_run_resumed_by_the_id_of_a_run_opened_without_one_goes_on_in_its_group(tmp_path):
+    # A run opened by name (as lox 0.2 opened every run) has its rows in its logger's group
+    # (`lox-<time>.batches`); resumed by its id, it goes on there: its earlier rows stay its own.
+    first = lox.loggers.from_config(f"parquet:{tmp_path}")
+    log_steps(first, first.init(name="plain"), 1.0, [0, 1, 2, 3])
+    first.close()
+    (run_id,) = [name for name in os.listdir(tmp_path) if not name.endswith(layout.BATCHES_SUFFIX)]
+    batches = reader.read_run_json(str(tmp_path / run_id))["batches"]
+    again = lox.loggers.from_config(f"parquet:{tmp_path}")
+    log_steps(again, again.init(run_id=run_id, resume="must", from_step=2), 2.0, [2, 3, 4])
+    again.close()
+    info = reader.read_run_json(str(tmp_path / run_id))
+    assert info["batches"] == batches and info["rows"] == 4 + 3
+    for logs in (lox.load(tmp_path / run_id), lox.load(tmp_path)[run_id]):
+        assert (logs.step["loss"].tolist(), logs["loss"].tolist()) == ([0, 1, 2, 3, 4], [1.0, 1.0, 2.0, 2.0, 2.0])
+    (row,) = lox.runs(tmp_path).to_pylist()
+    assert (row["run_id"], row["loss.count"], row["loss.min"], row["loss.max"]) == (run_id, 5, 1.0, 2.0)
