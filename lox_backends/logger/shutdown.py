@@ -52,6 +52,7 @@ class _Closable(Protocol):
 _live: weakref.WeakSet[_Closable] = weakref.WeakSet()
 _exiting = False
 _terminated = False
+_handler_pid: int | None = None  # the process that installed `on_sigterm`: a forked child inherits it
 
 
 def exiting() -> bool:
@@ -123,6 +124,8 @@ def handle_sigterm() -> bool:
         signal.signal(signal.SIGTERM, on_sigterm)
     except (ValueError, OSError):  # not the main interpreter
         return False
+    global _handler_pid
+    _handler_pid = os.getpid()
     return True
 
 
@@ -146,6 +149,12 @@ def on_sigterm(signum: int, frame: Any) -> None:
     process by SIGTERM. A second SIGTERM meanwhile changes nothing (the first
     one's end is bounded); one during the exit flush leaves that flush be."""
     global _exiting, _terminated
+    if os.getpid() != _handler_pid:
+        # A forked child (a data loader's worker): its copies of the parent's loggers have none of
+        # their threads, and their runs are the parent's. It ends as SIGTERM's default action would.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     if _exiting:
         return
     _exiting = _terminated = True

@@ -422,3 +422,33 @@ def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_writt
     steps = logs.step["x"].tolist()
     assert len(steps) > 20 and steps == list(range(len(steps)))
     assert logs["x"].tolist() == [float(step) for step in steps]
+
+
+def test_a_forked_child_terminated_by_sigterm_ends_at_once_leaving_its_parents_loggers_alone(tmp_path):
+    """A process forked after the first Logger (a data loader's worker, multiprocessing's "fork")
+    inherits the handler and copies of the parent's loggers, whose threads it does not have: on
+    SIGTERM (`Process.terminate`) it ends as SIGTERM's default action ends it, without waiting on
+    them or touching the parent's runs, which go on."""
+    runs = tmp_path / "runs"
+    done = script(tmp_path, f"""
+        import json, multiprocessing, time, warnings
+        import numpy as np, lox
+
+        warnings.simplefilter("ignore", RuntimeWarning)  # JAX's about os.fork: the worker runs no JAX
+        logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+        state = logger.init(run_id="job")
+        logger.log(state, lox.logdict({{"x": np.array([1.0])}}, {{"step": {{"x": np.array([0])}}}}))
+        logger.write_received()
+        worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,))
+        worker.start()
+        worker.terminate()
+        worker.join()
+        logger.log(state, lox.logdict({{"x": np.array([2.0])}}, {{"step": {{"x": np.array([1])}}}}))
+        logger.finish(state)
+        print(json.dumps(worker.exitcode))
+    """)
+    assert last_json(done) == -signal.SIGTERM
+    assert "lox:" not in done.stderr  # no warning of the worker's: it wrote nothing, waited on nothing
+    (info,) = reader.runs(runs)
+    assert (info["status"], info["rows"]) == ("finished", 2)
+    assert lox.load(runs / "job")["x"].tolist() == [1.0, 2.0]
