@@ -383,8 +383,9 @@ class Logger:
                 plain[name] = value
                 continue
             shape, dtype = np.shape(value), getattr(value, "dtype", None)
-            if dtype is None or not (np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)) or \
-                    np.issubdtype(dtype, np.complexfloating) or shape not in ((), run_shape):
+            # jnp's issubdtype: bfloat16 and float8 are numbers to JAX, not to NumPy
+            if dtype is None or not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)) or \
+                    jnp.issubdtype(dtype, jnp.complexfloating) or shape not in ((), run_shape):
                 raise TypeError(
                     f"`logger.summary` got {name!r} = {type(value).__name__} of shape {shape} and dtype {dtype}: a "
                     "summary value is one scalar per run (a Python number, bool or str, or a real number array "

@@ -56,6 +56,19 @@ def test_values_reach_each_run_eagerly_under_jit_and_under_vmap():
     logger.close()
 
 
+def test_values_of_jaxs_own_floating_dtypes_are_taken_as_floats():
+    # A loss in mixed precision is bfloat16: NumPy does not count it a number, JAX does.
+    backend = Recording()
+    logger = Logger([backend])
+    state = logger.init(run_id="r")
+    logger.summary(state, {"best": jnp.bfloat16(1.5), "eight": jnp.asarray(0.25, jnp.float8_e4m3fn)})
+    jax.jit(lambda s, x: logger.summary(s, {"jit": x}))(state, jnp.bfloat16(-2.0))
+    logger.flush()
+    assert summaries(backend) == [("r", {"best": 1.5, "eight": 0.25}), ("r", {"jit": -2.0})]
+    assert all(type(v) is float for _, values in summaries(backend) for v in values.values())
+    logger.close()
+
+
 def test_values_come_after_what_was_logged_before_them():
     backend = Recording()
     logger = Logger([backend])
