@@ -287,31 +287,39 @@ def existing_runs(root: str, run_ids: Collection[str]) -> set[str]:
     return {run_id for run_id in run_ids if os.path.isfile(os.path.join(root, run_id, layout.RUN_FILE))}
 
 
-def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
-    """Whether `path` (a local path or a URI) is one run, and its run folders with
-    their _run.json, oldest first."""
+EXPECTED = ("expected a run folder (holding " + layout.RUN_FILE + ") or a folder of run folders "
+            "(the DIR of a 'parquet:DIR' backend)")  # what `lox.load`, `lox.runs`... read, for messages
+
+
+def open_folder(path) -> tuple[str, bool, dict[str, Any] | None, list[tuple[str, bool, str]]]:
+    """`path` (a local path or a URI) resolved; whether it is in a bucket; its
+    _run.json if it is one run's folder (else None); else its entries
+    (`filesystems.scan`). A clear error where it is no folder."""
     path = os.fspath(path)
     if "://" in path:
         path = filesystems.resolve(path)  # file:// a local path; a scheme no filesystem serves named here
     remote = filesystems.is_uri(path)
-    expected = (
-        f"expected a run folder (holding {layout.RUN_FILE}) or a folder of run folders "
-        "(the DIR of a 'parquet:DIR' backend)"
-    )
     # In a bucket, one listing tells what a stat, a read of _run.json and a scandir tell on a disk.
     entries = filesystems.scan(path, missing_ok=True) if remote else []
     found_kind = "dir" if entries else filesystems.kind(path)
     if found_kind is None:
         bucket = " (or its bucket does not exist, or these credentials cannot see it)" if remote else ""
-        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {expected}.")
+        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {EXPECTED}.")
     if found_kind != "dir":
-        raise ValueError(f"{path!r} is a file; {expected}.")
+        raise ValueError(f"{path!r} is a file; {EXPECTED}.")
     if not remote or any(name == layout.RUN_FILE for name, _, _ in entries):
         info = read_run_json(path, missing_ok=True)
         if info is not None:
-            return True, [(path, info)]
-    if not remote:
-        entries = filesystems.scan(path)
+            return path, remote, info, []
+    return path, remote, None, entries if remote else filesystems.scan(path)
+
+
+def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
+    """Whether `path` (a local path or a URI) is one run, and its run folders with
+    their _run.json, oldest first."""
+    path, remote, single, entries = open_folder(path)
+    if single is not None:
+        return True, [(path, single)]
     folders = [entry for name, is_dir, entry in entries if is_dir and not name.startswith(".")]
     if remote:  # a request each: many at once
         with concurrent.futures.ThreadPoolExecutor(_REMOTE_THREADS) as pool:
@@ -321,7 +329,7 @@ def locate(path) -> tuple[bool, list[tuple[str, dict[str, Any]]]]:
     # A folder without _run.json is not a run (or not yet one).
     found = [(folder, info) for folder, info in zip(folders, infos, strict=True) if info is not None]
     if not found:
-        raise ValueError(f"no lox runs in {path!r}: {expected}.")
+        raise ValueError(f"no lox runs in {path!r}: {EXPECTED}.")
     found.sort(key=lambda item: (_created(item[1]), filesystems.basename(item[0])))
     return False, found
 

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lox_backends.runstore import filesystems, layout
-from lox_backends.runstore.reader import Writers, read_run_json
+from lox_backends.runstore.reader import EXPECTED, Writers, open_folder, read_run_json
 from lox_backends.runstore.summary import STATISTICS, Summary
 
 RUN_COLUMNS = ("run_id", "group", "name", "status", "start", "end", "duration")
@@ -207,22 +207,8 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
     ['finished', 'finished']
     >>> logger.close()
     """
-    path = os.fspath(path)
-    if "://" in path:
-        path = filesystems.resolve(path)
+    path, remote, single, entries = open_folder(path)
     writers = Writers()  # each writer's heartbeat read once
-    remote = filesystems.is_uri(path)
-    expected = (f"expected a run folder (holding {layout.RUN_FILE}) or a folder of run folders "
-                "(the DIR of a 'parquet:DIR' backend)")  # as `lox.load` says
-    entries = filesystems.scan(path, missing_ok=True) if remote else None
-    found_kind = "dir" if entries else filesystems.kind(path)
-    if found_kind is None:
-        bucket = " (or its bucket does not exist, or these credentials cannot see it)" if remote else ""
-        raise FileNotFoundError(f"no such folder: {path!r}{bucket}; {expected}.")
-    if found_kind != "dir":
-        raise ValueError(f"{path!r} is a file; {expected}.")
-    single = read_run_json(path, missing_ok=True) if not remote or any(
-        name == layout.RUN_FILE for name, _, _ in entries or []) else None
     if single is not None:
         root = filesystems.parent(path)
         run_id = single.get("run_id", filesystems.basename(path))
@@ -234,7 +220,6 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
             rows, names = [_resolved(writers, root, run_row(single), None, single)], set(Summary.from_json(
                 single.get("summary")).values)
         return to_table(rows, names)
-    entries = entries if entries is not None else filesystems.scan(path)
     folders = {name: entry for name, is_dir, entry in entries if is_dir and not name.startswith(".")}
     groups = [entry for name, entry in folders.items() if name.endswith(layout.BATCHES_SUFFIX)]
     indexes = _map(lambda group: read_index(filesystems.join(group, layout.RUNS_INDEX)), groups, remote)
@@ -259,7 +244,7 @@ def run_table(path: str | os.PathLike[str]) -> pa.Table:
     if rows:
         tables.append(to_table(rows, names))
     if not tables:
-        raise ValueError(f"no lox runs in {path!r}: {expected}.")
+        raise ValueError(f"no lox runs in {path!r}: {EXPECTED}.")
     table = _concat(tables)
     table = table.select(_ordered(table.column_names, names))
     return table.sort_by([("start", "ascending"), ("run_id", "ascending")])
