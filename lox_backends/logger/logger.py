@@ -619,7 +619,8 @@ class Logger:
         pending = _effects_barrier()
         try:
             # A process that does not write may not know runs opened under jit (on process 0).
-            numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1)]
+            # -1: no run (an `init` under vmap or jit that failed: its error is `pending`, raised below).
+            numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1) if n >= 0]
             self._close_runs(self._runs.finishing(numbers, strict=self._job.writes), timeout)
         finally:
             if pending is not None:

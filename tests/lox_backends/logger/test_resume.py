@@ -132,3 +132,13 @@ def test_under_jit_a_refused_id_is_raised_by_the_next_call_of_lox(tmp_path):
     with pytest.raises(ValueError, match="run 'job' exists"):
         logger.flush()
     logger.close()
+
+
+def test_finish_of_seeds_whose_init_was_refused_raises_that_refusal_alone(tmp_path):
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+    logger.finish(jax.vmap(lambda k: logger.init(k, run_id="s"))(jax.random.split(jax.random.key(0), 2)))
+    state = jax.vmap(lambda k: logger.init(k, run_id="s", resume="must"))(jax.random.split(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match="no run 's-2'") as raised:
+        logger.finish(state)  # the refusal, not "got run number -1" with it as its context
+    assert raised.value.__context__ is None
+    logger.close()
