@@ -223,16 +223,22 @@ def run_listing(table: pa.Table, form: str = "text", width: int | None = None) -
     status, start, duration first, values but names and run ids cut to `VALUE_WIDTH` characters,
     and as many columns as fit `width` characters (the terminal's), the others
     named below the table."""
-    if form == "csv":
+    if form == "csv":  # a list or dict value (a PRNG key, a list of layer sizes) as JSON in its cell
+        columns = [pa.array([None if v is None else json.dumps(_finite_tree(v), default=_json_value)
+                             for v in column.to_pylist()], pa.string()) if _nested(column.type) else column
+                   for column in table.columns]
         sink = io.BytesIO()
-        pa_csv.write_csv(table, sink)
+        pa_csv.write_csv(pa.table(columns, names=table.column_names), sink)
         return sink.getvalue().decode()
     if form == "json":
         rows = [{k: _finite(v) for k, v in row.items()} for row in table.to_pylist()]
         return json.dumps(rows, default=_json_value, allow_nan=False) + "\n"
     first = [name for name in ("name", "run_id", "status", "start", "duration") if name in table.column_names]
     last = [name for name in ("group", "end") if name in table.column_names]
-    names = [*first, *(n for n in table.column_names if n not in first and n not in last), *last]
+    others = [n for n in table.column_names if n not in first and n not in last]
+    # Lists and dicts (a PRNG key) are wide and seldom compared: after the numbers.
+    nested = [n for n in others if _nested(table.schema.field(n).type)]
+    names = [*first, *(n for n in others if n not in nested), *nested, *last]
     width = width or shutil.get_terminal_size((160, 24)).columns
     shown, used = [], 0
     for name in names:
@@ -267,6 +273,18 @@ def _cell(value: object, whole: bool = False) -> str:
     else:
         text = str(value)
     return text if whole or len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 3] + "..."
+
+
+def _nested(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind) or pa.types.is_map(kind)
+
+
+def _finite_tree(value):
+    if isinstance(value, list):
+        return [_finite_tree(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite_tree(v) for k, v in value.items()}
+    return _finite(value)
 
 
 def _finite(value):

@@ -383,6 +383,26 @@ def test_lox_runs_writes_csv_and_json_for_scripts(tmp_path, capsys):
     assert read.column_names == table.column_names and read["loss.min"].to_pylist() == list(best.values())
 
 
+def test_lox_runs_writes_lists_and_dicts_as_json_in_csv_and_after_the_numbers_in_text(tmp_path, capsys, monkeypatch):
+    import json
+
+    import jax
+    import pyarrow.csv
+
+    logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+    state = logger.init(jax.random.key(3), layers=[64, 32], lr=0.1)  # the PRNG key: a list column
+    logger.spool(lambda: lox.log({"loss": 0.5}, step=0), state)()
+    logger.finish(state)
+    logger.close()
+    key = lox.runs(tmp_path)["key"][0].as_py()
+    read = pyarrow.csv.read_csv(pyarrow.py_buffer(cli(capsys, "runs", str(tmp_path), "--format", "csv")[1].encode()))
+    assert json.loads(read["key"][0].as_py()) == key and json.loads(read["layers"][0].as_py()) == [64, 32]
+    assert read["lr"].to_pylist() == [0.1] and read["loss.min"].to_pylist() == [0.5]
+    monkeypatch.setenv("COLUMNS", "400")
+    header = cli(capsys, "runs", str(tmp_path))[1].splitlines()[0].split()
+    assert header.index("loss.min") < header.index("key") and header.index("lr") < header.index("layers")
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--where", "lrr < 1"], ["lox runs: error: where: the runs have no column 'lrr'", "loss.min"]),
     (["--where", "lr ~ 1"], ["cannot read the condition 'lr ~ 1'"]),
