@@ -40,6 +40,7 @@ import os
 import secrets
 import socket
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -238,8 +239,7 @@ class RunStoreWriter:
             name=run.name,
             group=group_name,
             index=run.index,
-            # A resumed run keeps its metadata, updated by what `init` was given now.
-            metadata={**(info.get("metadata") or {}), **run.metadata} if resumed else run.metadata,
+            metadata=_resumed_metadata(run, info.get("metadata")) if resumed else run.metadata,
             created=info.get("created") or _now(),
             lox_version=_lox_version(),
             status=info.get("status", "running"),
@@ -668,6 +668,22 @@ def _check_name(name: str, what: str, hidden: tuple[str, ...] = (".",)) -> None:
             f"or '..' that does not start with {' or '.join(map(repr, hidden))}. lox generates safe run ids "
             "and groups; if you made the RunInfo yourself, use letters, digits, '-' and '_'."
         )
+
+
+def _resumed_metadata(run: hooks.RunInfo, earlier: Any) -> dict[str, Any]:
+    """A resumed run keeps its metadata: what `init` gives now adds keys, and a
+    value it changes is warned about and not taken (the run's steps so far were
+    made with the earlier one; trackers such as MLflow keep a param's first value too)."""
+    earlier = earlier if isinstance(earlier, dict) else {}
+    now = json.loads(json.dumps(_strict_json(run.metadata), default=str))  # as _run.json holds it
+    changed = [key for key in now if key in earlier and earlier[key] != now[key]]
+    if changed:
+        shown = ", ".join(f"{key}={now[key]!r} (it was {earlier[key]!r})" for key in changed[:3])
+        warnings.warn(
+            f"lox: run {run.name!r} was resumed with other metadata than it was opened with: {shown}"
+            f"{' and more' if len(changed) > 3 else ''}. The run keeps its earlier values: start a new run "
+            "(another run_id) to train with other settings.", RuntimeWarning, stacklevel=2)
+    return {**now, **earlier}
 
 
 def _now() -> str:

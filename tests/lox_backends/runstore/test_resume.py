@@ -261,10 +261,12 @@ def test_a_killed_run_resumed_by_a_writer_goes_on_in_its_folder_and_counts_its_r
     assert "rows" not in reader.read_run_json(str(tmp_path / "job"))  # as after a SIGKILL: never ended
     # The process "dies" here (its writer is left as it is); a new one resumes the run from step 3.
     after = ParquetBackend(str(tmp_path))
-    resumed = hooks.RunInfo("job", "job", "job", metadata={"lr": 0.2}, resumed=True, from_step=3)
-    after.open_run(resumed)
+    resumed = hooks.RunInfo("job", "job", "job", metadata={"lr": 0.2, "epochs": 9}, resumed=True, from_step=3)
+    with pytest.warns(RuntimeWarning, match=r"run 'job' was resumed with other metadata than it was opened with: "
+                                            r"lr=0.2 \(it was 0.1\). The run keeps its earlier values"):
+        after.open_run(resumed)
     info = reader.read_run_json(str(tmp_path / "job"))
-    assert info["created"] == created and info["metadata"] == {"lr": 0.2, "tag": "a"}  # updated, not replaced
+    assert info["created"] == created and info["metadata"] == {"lr": 0.1, "tag": "a", "epochs": 9}  # kept, added to
     assert info["status"] == "running" and "ended" not in info
     assert [(r["from_step"], r["first_batch"]) for r in info["resumes"]] == [(3, 4)]
     assert datetime.datetime.fromisoformat(info["resumes"][0]["time"]).tzinfo == datetime.timezone.utc
