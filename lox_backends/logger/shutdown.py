@@ -17,14 +17,24 @@ the process by SIGTERM as the default action would (its exit status says so).
 A handler someone else installed (the user's, a library's; JAX's preemption
 notifier, which ``jax.distributed.initialize`` installs below Python, too) is
 never replaced: such a handler calls ``logger.flush()`` to write what was logged.
+
+Python runs a handler in the main thread, between two bytecodes: not while the
+main thread waits for one long device program (a whole training loop in one
+``jax.jit`` call), which would keep SIGTERM from ending the process until
+SIGKILL. So SIGTERM also wakes a thread of lox's (`signal.set_wakeup_fd`: the
+signal's number is written to a socket as it arrives), which does the same at
+once; where someone set a wakeup fd already (asyncio's signal handlers), the
+handler alone does it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
+import socket
 import threading
 import time
 import warnings
@@ -126,7 +136,88 @@ def handle_sigterm() -> bool:
         return False
     global _handler_pid
     _handler_pid = os.getpid()
+    _watch_wakeups()
     return True
+
+
+_wakeups: tuple[socket.socket, socket.socket] | None = None  # (read, write) ends of the wakeup fd's socket
+
+
+def _watch_wakeups() -> None:
+    """SIGTERM wakes `_watch` as it arrives, whatever the main thread does
+    (module docstring); not where a wakeup fd was set already (it stays)."""
+    global _wakeups
+    read, write = socket.socketpair()
+    write.setblocking(False)  # as set_wakeup_fd requires: a full socket drops a byte, never blocks a signal
+    try:
+        previous = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)  # someone's (asyncio's): theirs, and the handler alone for lox
+        read.close()
+        write.close()
+        return
+    _wakeups = (read, write)
+    threading.Thread(target=_watch, args=(read,), name="lox-sigterm-watch", daemon=True).start()
+
+
+def _watch(read: socket.socket) -> None:
+    """The numbers of the signals Python handles, as they arrive: on SIGTERM, end the process."""
+    try:
+        while True:
+            received = read.recv(256)
+            if not received:
+                return
+            # Not once someone installed a handler of their own after lox's: theirs runs instead.
+            if signal.SIGTERM in received and signal.getsignal(signal.SIGTERM) is on_sigterm:
+                _terminate()
+                return
+    except OSError:  # closed (a forked child's copy): nothing to watch
+        return
+
+
+# A forked child's signals must not wake the parent's watcher through the socket they would share
+# (a child has no watcher: `on_sigterm` gives its SIGTERM the default action): the wakeup fd is
+# unset while the process forks, and set again in the parent only.
+def _unset_wakeups_for_fork() -> None:
+    if _wakeups is not None:
+        with contextlib.suppress(ValueError, OSError):  # a fork from another thread than the main one
+            signal.set_wakeup_fd(-1)
+
+
+def _set_wakeups_again() -> None:
+    if _wakeups is not None:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(_wakeups[1].fileno(), warn_on_full_buffer=False)
+
+
+def _in_forked_child() -> None:
+    """A forked child (a data loader's worker) has copies of the parent's loggers without
+    their threads, and the parent's runs: its SIGTERM takes the default action again, at
+    once, so that it ends even where it is stuck in C code (a lock a thread of its parent
+    held when it forked), where a Python handler would never run."""
+    if signal.getsignal(signal.SIGTERM) is on_sigterm:
+        with contextlib.suppress(ValueError, OSError):  # (the forking thread is the child's main one)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _close_wakeups()
+
+
+os.register_at_fork(before=_unset_wakeups_for_fork, after_in_parent=_set_wakeups_again,
+                    after_in_child=_in_forked_child)
+
+
+@atexit.register  # (registered before `close_at_exit`, so it runs after it)
+def _close_wakeups() -> None:
+    """No wakeup fd, and its socket closed (its watcher ends): at exit, and in a forked child."""
+    global _wakeups
+    if _wakeups is not None:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for end in _wakeups:
+            end.close()
+        _wakeups = None
 
 
 def _handled_below_python() -> bool:
@@ -148,26 +239,54 @@ def on_sigterm(signum: int, frame: Any) -> None:
     and close its runs ("killed"), within `SIGTERM_WAIT` seconds, then end the
     process by SIGTERM. A second SIGTERM meanwhile changes nothing (the first
     one's end is bounded); one during the exit flush leaves that flush be."""
-    global _exiting, _terminated
     if os.getpid() != _handler_pid:
         # A forked child (a data loader's worker): its copies of the parent's loggers have none of
         # their threads, and their runs are the parent's. It ends as SIGTERM's default action would.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    if _exiting:
+    if _terminated:  # the watcher (`_watch`) ends the process: training stops here meanwhile
+        time.sleep(SIGTERM_WAIT + 2.0)
         return
-    _exiting = _terminated = True
-    # In a thread of its own: this one (the main thread) may hold a lock, anywhere, that closing needs;
+    _terminate()
+
+
+_terminating = threading.Lock()
+
+
+def _terminate() -> None:
+    """Write, close and end the process by SIGTERM (`on_sigterm`), once, from the
+    main thread's handler or the watcher, whichever comes first."""
+    global _exiting, _terminated
+    with _terminating:
+        if _exiting:
+            return  # the other one does it, or the exit flush runs
+        _exiting = _terminated = True
+    # In a thread of its own: the main thread may hold a lock, anywhere, that closing needs;
     # the wait for it is bounded whatever happens.
     deadline = time.monotonic() + SIGTERM_WAIT
     closing = threading.Thread(target=_write_then_close, args=(deadline,), name="lox-sigterm", daemon=True)
     closing.start()
     closing.join(SIGTERM_WAIT + 1.0)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _default_sigterm()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(1.0)  # the signal ends the process before this ends
     os._exit(128 + signal.SIGTERM)  # as a shell reports it, should SIGTERM be blocked in this thread
+
+
+def _default_sigterm() -> None:
+    """SIGTERM's default action back, from any thread (Python's `signal.signal`
+    only works in the main thread: the C library's does anywhere)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signal.SIGTERM, None)  # SIG_DFL
+    except (OSError, AttributeError):  # no C library to ask: `_terminate` exits with SIGTERM's status instead
+        pass
 
 
 def _write_then_close(deadline: float) -> None:

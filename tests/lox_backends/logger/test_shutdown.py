@@ -297,7 +297,8 @@ def test_on_sigterm_what_was_logged_is_written_the_runs_end_killed_and_the_proce
         assert run["x"].tolist() == x and run.step["x"].tolist() == [0, 1, 2, 3, 4]
 
 
-def test_a_sigterm_handler_of_the_users_is_left_alone_and_logger_flush_from_it_writes_the_logs(tmp_path):
+@pytest.mark.parametrize("installed", ["before", "after"])
+def test_a_sigterm_handler_of_the_users_is_left_alone_and_logger_flush_from_it_writes_the_logs(tmp_path, installed):
     """A handler installed before the first Logger stays SIGTERM's handler (lox installs none); the
     user's handler runs, and `logger.flush()` from it writes what was logged (the documented call)."""
     runs = tmp_path / "runs"
@@ -310,14 +311,18 @@ def test_a_sigterm_handler_of_the_users_is_left_alone_and_logger_flush_from_it_w
             print("the user's handler flushed", flush=True)
             sys.exit(3)
 
-        signal.signal(signal.SIGTERM, mine)
+        if {installed == "before"}:
+            signal.signal(signal.SIGTERM, mine)
         logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+        if {installed == "after"}:  # over lox's: theirs runs, not lox's
+            signal.signal(signal.SIGTERM, mine)
         print(signal.getsignal(signal.SIGTERM).__qualname__, flush=True)
         state = logger.init(name="mine")
         for i in range(3):
             logger.log(state, lox.logdict({{"x": np.array([float(i)])}}, {{"step": {{"x": np.array([i])}}}}))
         print("ready", flush=True)
-        time.sleep(120)
+        for _ in range(1200):  # training: Python runs the handler between two steps (a signal that a thread
+            time.sleep(0.1)    # of JAX's receives does not wake a main thread sleeping in C)
     """)
     assert done.returncode == 3, done.stderr
     assert printed == ["mine", "ready", "the user's handler flushed"]
@@ -422,6 +427,41 @@ def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_writt
     steps = logs.step["x"].tolist()
     assert len(steps) > 20 and steps == list(range(len(steps)))
     assert logs["x"].tolist() == [float(step) for step in steps]
+
+
+def test_on_sigterm_a_main_thread_waiting_for_one_long_program_does_not_keep_the_process_alive(tmp_path):
+    """Python runs signal handlers in the main thread between bytecodes: not while it waits for a
+    device program (a whole training loop in one jit call, here 100,000 steps of at least 20 ms).
+    SIGTERM ends the process all the same, in time, with what the program streamed written."""
+    runs = tmp_path / "runs"
+    done, printed = terminated(tmp_path, f"""
+    import time
+    import jax, lox
+
+    logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
+    state = logger.init(name="long")
+
+    def slowly(i):
+        time.sleep(0.02)
+        if i == 20:
+            print("ready", flush=True)
+
+    def train(x):
+        def body(i, x):
+            jax.debug.callback(slowly, i, ordered=True)
+            lox.log({{"x": x}}, step=i)
+            return x + 1.0
+        return jax.lax.fori_loop(0, 100_000, body, x)
+
+    jax.block_until_ready(jax.jit(logger.tap(train, state))(0.0))  # the main thread waits here
+    print("the program ended", flush=True)
+    """)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert "the program ended" not in printed  # (it would take more than 2,000 s)
+    (info,) = reader.runs(runs)
+    assert info["status"] == "killed"
+    steps = lox.load(runs)[info["run_id"]].step["x"].tolist()
+    assert len(steps) > 20 and steps == list(range(len(steps)))
 
 
 def test_a_forked_child_terminated_by_sigterm_ends_at_once_leaving_its_parents_loggers_alone(tmp_path):
