@@ -396,10 +396,15 @@ def test_on_sigterm_a_backend_that_hangs_keeps_neither_the_process_nor_the_other
     assert lox.load(runs)[info["run_id"]]["x"].tolist() == [0.0, 1.0, 2.0]
 
 
-def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_written(tmp_path):
-    """A long program (a whole training loop under jit, tapped) is not waited for past the bound: what
-    it streamed to the logger before the signal is written all the same."""
+@pytest.mark.parametrize("waiting", ["in a thread", "in the main thread"])
+def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_written(tmp_path, waiting):
+    """A long program (a whole training loop under jit, tapped: 100,000 steps of at least 20 ms) is
+    not waited for past the bound: what it streamed to the logger before the signal is written. Also
+    when the main thread itself waits for it, where Python would run no handler until it returns."""
     runs = tmp_path / "runs"
+    run = "jax.block_until_ready(jax.jit(logger.tap(train, state))(0.0))"
+    wait = (f"threading.Thread(target=lambda: {run}, daemon=True).start()\n    time.sleep(600)"
+            if waiting == "in a thread" else run)
     done, printed = terminated(tmp_path, HANGS + f"""
     logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
     state = logger.init(name="long")
@@ -416,52 +421,18 @@ def test_on_sigterm_what_a_program_still_running_on_the_device_streamed_is_writt
             return x + 1.0
         return jax.lax.fori_loop(0, 100_000, body, x)
 
-    program = threading.Thread(target=lambda: jax.block_until_ready(jax.jit(logger.tap(train, state))(0.0)),
-                               daemon=True)
-    program.start()
-    time.sleep(600)
-    """)
-    assert done.returncode == -signal.SIGTERM, done.stderr
-    (info,) = reader.runs(runs)
-    logs = lox.load(runs)[info["run_id"]]
-    steps = logs.step["x"].tolist()
-    assert len(steps) > 20 and steps == list(range(len(steps)))
-    assert logs["x"].tolist() == [float(step) for step in steps]
-
-
-def test_on_sigterm_a_main_thread_waiting_for_one_long_program_does_not_keep_the_process_alive(tmp_path):
-    """Python runs signal handlers in the main thread between bytecodes: not while it waits for a
-    device program (a whole training loop in one jit call, here 100,000 steps of at least 20 ms).
-    SIGTERM ends the process all the same, in time, with what the program streamed written."""
-    runs = tmp_path / "runs"
-    done, printed = terminated(tmp_path, f"""
-    import time
-    import jax, lox
-
-    logger = lox.loggers.from_config("parquet:{runs}", flush_every=3600)
-    state = logger.init(name="long")
-
-    def slowly(i):
-        time.sleep(0.02)
-        if i == 20:
-            print("ready", flush=True)
-
-    def train(x):
-        def body(i, x):
-            jax.debug.callback(slowly, i, ordered=True)
-            lox.log({{"x": x}}, step=i)
-            return x + 1.0
-        return jax.lax.fori_loop(0, 100_000, body, x)
-
-    jax.block_until_ready(jax.jit(logger.tap(train, state))(0.0))  # the main thread waits here
+    {wait}
     print("the program ended", flush=True)
     """)
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert "the program ended" not in printed  # (it would take more than 2,000 s)
     (info,) = reader.runs(runs)
     assert info["status"] == "killed"
-    steps = lox.load(runs)[info["run_id"]].step["x"].tolist()
-    assert len(steps) > 20 and steps == list(range(len(steps)))
+    logs = lox.load(runs)[info["run_id"]]
+    steps = logs.step["x"].tolist()
+    # (step 20's event may still be on its way when the signal comes: its host call is not ordered)
+    assert len(steps) >= 10 and steps == list(range(len(steps)))
+    assert logs["x"].tolist() == [float(step) for step in steps]
 
 
 def test_a_forked_child_terminated_by_sigterm_ends_at_once_leaving_its_parents_loggers_alone(tmp_path):
