@@ -178,34 +178,45 @@ def _watch(read: socket.socket) -> None:
         return
 
 
-# A forked child's signals must not wake the parent's watcher through the socket they would share
-# (a child has no watcher: `on_sigterm` gives its SIGTERM the default action): the wakeup fd is
-# unset while the process forks, and set again in the parent only.
-def _unset_wakeups_for_fork() -> None:
-    if _wakeups is not None:
-        with contextlib.suppress(ValueError, OSError):  # a fork from another thread than the main one
+# A forked child (a data loader's worker) has copies of the parent's loggers without their threads,
+# and the parent's runs: its SIGTERM takes the default action, from its first instant (a child stuck
+# in C before any Python runs, on a lock a thread of its parent held, could not be ended by a Python
+# handler), and its signals must not wake the parent's watcher through the socket they would share.
+# So while the process forks, SIGTERM has its default action and no wakeup fd is set; the parent
+# gets both back at once.
+_forking_from_main = False  # `_before_fork` took lox's handler away: `_after_fork_in_parent` puts it back
+
+
+def _before_fork() -> None:
+    global _forking_from_main
+    with contextlib.suppress(ValueError, OSError):  # a fork from another thread: `_in_forked_child` then
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _forking_from_main = True
+        if _wakeups is not None:
             signal.set_wakeup_fd(-1)
 
 
-def _set_wakeups_again() -> None:
-    if _wakeups is not None:
-        with contextlib.suppress(ValueError, OSError):
+def _after_fork_in_parent() -> None:
+    global _forking_from_main
+    with contextlib.suppress(ValueError, OSError):
+        if _forking_from_main:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        if _wakeups is not None:
             signal.set_wakeup_fd(_wakeups[1].fileno(), warn_on_full_buffer=False)
+    _forking_from_main = False
 
 
 def _in_forked_child() -> None:
-    """A forked child (a data loader's worker) has copies of the parent's loggers without
-    their threads, and the parent's runs: its SIGTERM takes the default action again, at
-    once, so that it ends even where it is stuck in C code (a lock a thread of its parent
-    held when it forked), where a Python handler would never run."""
-    if signal.getsignal(signal.SIGTERM) is on_sigterm:
+    global _forking_from_main
+    _forking_from_main = False
+    if signal.getsignal(signal.SIGTERM) is on_sigterm:  # forked from another thread than the main one
         with contextlib.suppress(ValueError, OSError):  # (the forking thread is the child's main one)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _close_wakeups()
 
 
-os.register_at_fork(before=_unset_wakeups_for_fork, after_in_parent=_set_wakeups_again,
-                    after_in_child=_in_forked_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_in_forked_child)
 
 
 @atexit.register  # (registered before `close_at_exit`, so it runs after it)
