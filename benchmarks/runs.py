@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import pathlib
-import sys
 import tempfile
 
 import jax
 import jax.numpy as jnp
 
 import lox
+from benchmarks.buckets import s3_server
 from benchmarks.timing import row, side_by_side
 from lox_backends.runstore import layout
 
@@ -100,33 +99,19 @@ def resume_cost() -> None:
 
 
 def bucket_requests() -> None:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-    from s3_server import S3Server  # needs moto[server]: ModuleNotFoundError otherwise
+    with tempfile.TemporaryDirectory() as folder, s3_server(folder) as server:
+        server.create_bucket("bench")
+        write_seeds("s3://bench/runs")
+        log = pathlib.Path(folder) / f"moto-{server.port}.log"
 
-    with tempfile.TemporaryDirectory() as folder:
-        server = S3Server(folder).start()
-        saved = {name: os.environ.get(name) for name in server.env}
-        os.environ.update(server.env)
-        try:
-            server.create_bucket("bench")
-            write_seeds("s3://bench/runs")
-            log = pathlib.Path(folder) / f"moto-{server.port}.log"
+        def requests(read) -> tuple[int, float]:
+            before = len(log.read_text().splitlines())
+            t = side_by_side({"read": read}, reps=1, rounds=1)["read"]
+            lines = log.read_text().splitlines()[before:]
+            return sum(('"GET ' in line or '"HEAD ' in line) for line in lines), t
 
-            def requests(read) -> tuple[int, float]:
-                before = len(log.read_text().splitlines())
-                t = side_by_side({"read": read}, reps=1, rounds=1)["read"]
-                lines = log.read_text().splitlines()[before:]
-                return sum(('"GET ' in line or '"HEAD ' in line) for line in lines), t
-
-            table_requests, table_time = requests(lambda: lox.runs("s3://bench/runs"))
-            load_requests, load_time = requests(lambda: lox.load("s3://bench/runs"))
-        finally:
-            server.stop()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        table_requests, table_time = requests(lambda: lox.runs("s3://bench/runs"))
+        load_requests, load_time = requests(lambda: lox.load("s3://bench/runs"))
     row(f"bucket: lox.runs, requests for {SEEDS:,} runs (1 group)", f"{table_requests}",
         None, f"{table_time:.2f} s")
     row(f"bucket: lox.load, requests for {SEEDS:,} runs", f"{load_requests}", None, f"{load_time:.2f} s")
