@@ -2,7 +2,8 @@
 
 `lox.log` records values anywhere in JAX code; `lox.spool` returns them as
 outputs of one compiled program, `lox.tap` streams them to a callback, and
-`lox.nolog` removes them. `lox.loggers` sends them to backends (the console,
+`lox.nolog` removes them. `lox.image`, `lox.video`, `lox.audio` and
+`lox.histogram` mark what a value is, for backends to show it as such. `lox.loggers` sends them to backends (the console,
 Parquet files, plugins), `lox.load` reads saved runs back and `lox.runs`
 tabulates them (one row per run: metadata and summaries, to compare runs).
 
@@ -16,6 +17,10 @@ from typing import TYPE_CHECKING, Any
 from lox_core.logdict import NO_STEP as NO_STEP
 from lox_core.logdict import Event as Event
 from lox_core.logdict import logdict as logdict
+from lox_core.media import audio as audio
+from lox_core.media import histogram as histogram
+from lox_core.media import image as image
+from lox_core.media import video as video
 from lox_core.nolog import nolog as nolog
 from lox_core.primitive import log as log
 from lox_core.printing import set_default as set_default
@@ -50,5 +55,6 @@ def __dir__() -> list[str]:
     return sorted((set(globals()) - {"importlib", "TYPE_CHECKING", "Any"}) | set(_LAZY))  # lox's names, not its imports
 
 
-__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "loggers", "load", "runs",
+__all__ = ["log", "spool", "tap", "nolog", "logdict", "Event", "set_default", "NO_STEP", "image", "video", "audio",
+           "histogram", "loggers", "load", "runs",
            "wandb", "neptune"]

@@ -137,6 +137,11 @@ def current_trace():
     return core.trace_ctx.trace
 
 
+def eager() -> bool:
+    """Whether code runs eagerly now: no trace (jit, vmap, grad, a lox transform) around it."""
+    return isinstance(current_trace(), core.EvalTrace)
+
+
 def staging_trace():
     """The trace building the jaxpr that equations bound now end up in, seen
     through the transforms (`vmap`, `jvp`, `grad`) applied inside it; None

@@ -22,6 +22,7 @@ import numpy as np
 
 from lox_core import printing
 from lox_core.dtypes import common_dtype
+from lox_core.media import RENDERED_KINDS, Media, kind_of
 from lox_core.series import NO_STEP as NO_STEP  # `lox.NO_STEP`: defined with the other rules about steps
 from lox_core.series import steps_per_event
 
@@ -196,6 +197,25 @@ class logdict(dict[str, Any]):
     def __getattr__(self, name: str) -> dict[str, Any]:
         return _step_named(object.__getattribute__(self, "_steps"), name, "logdict")
 
+    @property
+    def kind(self) -> dict[str, str]:
+        """Each key's kind: ``scalar`` (one number per event) or ``array`` for
+        plain values, ``text`` for strings, ``image``, ``video``, ``audio`` or
+        ``histogram`` for the values logged as them (`lox.image`...).
+
+        >>> import numpy as np, lox
+        >>> lox.logdict({"loss": np.zeros(2), "w": np.zeros((2, 3)), "s": lox.image(np.zeros((2, 4, 4)))}).kind
+        {'loss': 'scalar', 'w': 'array', 's': 'image'}
+        """
+        return {key: kind_of(value, self._vmap_ndim(key)) for key, value in self.items()}
+
+    def _vmap_ndim(self, key: str) -> int:
+        """The axes `jax.vmap` put after a key's event axis, as its steps show them."""
+        for per_key in self._steps.values():
+            if key in per_key:
+                return max(np.ndim(per_key[key]) - 1, 0)
+        return 0
+
     def step_names(self, key: str) -> list[str]:
         return [name for name, per_key in self._steps.items() if key in per_key]
 
@@ -269,6 +289,15 @@ class logdict(dict[str, Any]):
         """
         if mode not in REDUCTIONS:
             raise ValueError(f"unknown reduce mode {mode!r}: use one of {', '.join(REDUCTIONS)}.")
+        if mode not in ("first", "last"):
+            rendered = {k: kind for k, kind in self.kind.items() if kind in RENDERED_KINDS}
+            if rendered:
+                key, kind = next(iter(rendered.items()))
+                raise ValueError(
+                    f"logdict.reduce({mode!r}): key {key!r} holds {kind}, which has no {mode}; reduce it with "
+                    "'first' or 'last', or leave it out: "
+                    "`logs.filter(lambda k, v: logs.kind[k] in ('scalar', 'array')).reduce(...)`."
+                )
         if self._valid:  # padded keys: the recorded events only
             plain = self.filter(lambda k, _: k not in self._valid).reduce(mode)
             return self._in_my_order(plain | _reduce_padded(self.filter(lambda k, _: k in self._valid), mode))
@@ -359,7 +388,11 @@ class logdict(dict[str, Any]):
         for key, value in self.items():
             names = self.step_names(key)
             padded = "  padded" if key in self._valid else ""
-            if _concrete(value, self._valid.get(key), *(self._steps[name][key] for name in names)):
+            if isinstance(value, Media):  # a few words per kind, not its pixels
+                steps = "".join(f"  {name}={_show_steps(self._steps[name][key])}" for name in names
+                                if _concrete(self._steps[name][key]))
+                lines.append(f"  {key!r}: {event_count(value)} × {printing.media_summary(value, 1)}{steps}{padded}")
+            elif _concrete(value, self._valid.get(key), *(self._steps[name][key] for name in names)):
                 shown = printing.show(jax.tree_util.tree_map(_shown, value))
                 steps = "".join(f"  {name}={_show_steps(self._steps[name][key])}" for name in names)
                 valid = f"  valid={printing.show(self._valid[key])}" if key in self._valid else ""

@@ -20,7 +20,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from lox_core import _compat, printing
+from lox_core import _compat, media, printing
 from lox_core.logdict import logdict, trusted
 from lox_core.series import check_own_series
 
@@ -101,9 +101,15 @@ def log(
         )
     tags = _check_tags(tags)
     values, trees, flat = {}, [], []
+    texts: dict[str, np.ndarray] = {}
     for key, value in data.items():
         if not isinstance(key, str):
             raise TypeError(f"`lox.log` keys must be strings, got {key!r} ({type(key).__name__}).")
+        text = media.as_text(prefix + key, value)
+        if text is not None:
+            texts[prefix + key] = text
+            continue
+        media.check(prefix + key, value)  # a kind's shape and dtype, named by key
         leaves, tree = jax.tree_util.tree_flatten(value)
         if not leaves:  # None or an empty container: it would log nothing, silently
             raise TypeError(
@@ -116,6 +122,8 @@ def log(
         trees.append(tree)
         flat.extend(leaves)
     step_values = [_check_step(name, v) for name, v in steps.items()]
+    if texts:
+        return _log_text(data, values, texts, dict(zip(steps, step_values, strict=True)), prefix)
     if not _compat.logs_seen():
         # Nothing would see it (no lox transform is tracing, the default is
         # "off"): no primitive, so a `jax.jit` of this code has no effect.
@@ -129,6 +137,24 @@ def log(
     values, step_events = site.split(outs)
     per_name = {name: dict.fromkeys(values, s) for name, s in step_events.items()} if values else {}
     return trusted(values, per_name)
+
+
+def _log_text(data: dict, values: dict, texts: dict, steps: dict, prefix: str) -> logdict:
+    """An eager event that holds text: strings cannot enter a compiled program,
+    so it is printed (the default ``console``) and returned, on the host."""
+    if not _compat.eager():
+        keys = ", ".join(map(repr, texts))
+        raise TypeError(
+            f"`lox.log` got text for {keys} inside a traced function (jit, spool, tap, vmap, scan...): strings "
+            "cannot enter a compiled program. Log text from Python: eagerly, with `logger.log(state, "
+            '{"sample": text}, step=i)`, or from a tap callback on the host.'
+        )
+    host = {k: np.asarray(v) for k, v in values.items()}
+    both = {prefix + k: texts.get(prefix + k, host.get(prefix + k)) for k in data}  # in the call's key order
+    steps = {name: np.asarray(s) for name, s in steps.items()}
+    if printing.default_enabled():
+        printing.print_event(both, steps)
+    return event_logdict(both, steps, expand=lambda x: np.asarray(x)[None])
 
 
 def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
@@ -195,7 +221,8 @@ def _check_value(key: str, leaf):
     else:
         raise TypeError(
             f"`lox.log` got a {type(leaf).__name__} for key {key!r}; only numeric and boolean "
-            "arrays (or pytrees of them) can be logged."
+            "arrays (or pytrees of them), a kind (`lox.image(x)`...) or text (a str, as the whole value of "
+            "a key) can be logged."
         )
     if not _loggable(dtype):
         raise TypeError(

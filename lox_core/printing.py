@@ -9,6 +9,7 @@ import threading
 import numpy as np
 
 from lox_core import _compat
+from lox_core.media import Histogram, Media, is_text
 
 _MODES = ("console", "off")
 _initial = os.environ.get("LOX_DEFAULT", "console").strip().lower() or "console"
@@ -49,6 +50,11 @@ def default_output(site, operands) -> None:
     if not default_enabled():
         return
     values, steps = site.split([np.asarray(x) for x in operands])
+    print_event(values, steps)
+
+
+def print_event(values: dict, steps: dict) -> None:
+    """Print one event on a line of its own."""
     line = format_event(values, steps) + "\n"
     with _print_lock:
         sys.stdout.write(line)
@@ -64,6 +70,10 @@ def format_event(values: dict, steps: dict) -> str:
 
 
 def _format_value(value) -> str:
+    if isinstance(value, Media):
+        return media_summary(value)
+    if is_text(value):
+        return _text_summary(np.asarray(value))
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {_format_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
@@ -74,12 +84,38 @@ def _format_value(value) -> str:
     return np.array2string(arr, precision=6, threshold=20)
 
 
+def media_summary(value: Media, event_ndim: int = 0) -> str:
+    """A kind's value in a few words: ``image uint8[4, 28, 28, 1]``,
+    ``video float32[8, 64, 64, 3] at 10 fps``, ``histogram of 1000 in [-3.2, 3.1]``.
+    `event_ndim`: leading axes (events, runs) left out of the shape."""
+    if isinstance(value, Histogram):
+        counts, edges = np.asarray(value.counts), np.asarray(value.edges)
+        if counts.ndim == 1 and edges.size and np.issubdtype(counts.dtype, np.number):
+            return f"histogram of {int(counts.sum())} in [{_scalar(float(edges[0]))}, {_scalar(float(edges[-1]))}]"
+        return f"histogram {counts.dtype.name}{list(counts.shape[event_ndim:])}"
+    (array,) = value.arrays.values()
+    options = "".join(f" at {v:g} fps" if k == "fps" else f" at {v} Hz" if k == "rate" else ""
+                      for k, v in value.options.items())
+    return f"{value.kind} {np.dtype(array.dtype).name}{list(np.shape(array)[event_ndim:])}{options}"
+
+
+def _text_summary(text: np.ndarray, width: int = 60) -> str:
+    if text.ndim == 0:
+        line = " ".join(str(text).split())
+        return repr(line if len(line) <= width else line[: width - 1] + "…")
+    return f"text{list(text.shape)}"
+
+
 def show(value) -> str:
     """A value as `print(event)` and `print(logs)` show it: a pytree of NumPy
     values, floats to 4 significant digits and large arrays abbreviated, as
     NumPy prints them (``0.5``, ``1.0``, ``[0, 1, 2]``, ``{'w': [1.5, 2.0]}``)."""
     if isinstance(value, str):  # already shown (a logdict's array with its dtype and shape)
         return value
+    if isinstance(value, Media):
+        return media_summary(value)
+    if is_text(value):
+        return _text_summary(np.asarray(value))
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):

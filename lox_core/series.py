@@ -19,6 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from lox_core.media import Media
+
 # Written into a step where an event of a key did not carry that step name, so
 # that every step array stays aligned with its values. The smallest int32: no
 # real step is negative that far, and it fits every integer dtype JAX uses.
@@ -64,7 +66,13 @@ def series_leaves(key: str, value) -> list[tuple[str, Any]]:
 
 
 def named_leaves(key: str, value, check: bool = False) -> list[tuple[str, Any]]:
-    """`series_leaves`, which refuses empty names only if `check`."""
+    """`series_leaves`, which refuses empty names only if `check`. A kind's
+    value (`lox_core.media`) gives the key for its one array, ``key/field``
+    for each of several (a histogram's ``key/counts`` and ``key/edges``)."""
+    if isinstance(value, Media):
+        if check and not key:
+            raise ValueError(_empty_part_message(key, (), [key]))
+        return value.series(key)
     leaves = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
         parts = [key, *(_path_part(p) for p in path)]

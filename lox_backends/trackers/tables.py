@@ -1,6 +1,8 @@
 """Batch tables as trackers read them: `Batch` (one batch file of a run, to send), and
-`scalars` / `arrays`, which split its table into the events a tracker keeps as numbers
-(`Scalars`, as columns) and the rest (arrays, complex scalars) that it keeps as files.
+`scalars` / `arrays` / `media`, which split its table into the events a tracker keeps
+as numbers (`Scalars`, as columns), plain arrays and complex scalars (that it keeps as
+files or histograms), and the kinds it renders (`MediaEvent`: images, video, audio,
+histograms and text, by the table's ``kind`` column).
 
 A tracker's `send` gets a `Batch`; its ``table`` holds rows of lox's Arrow schema
 (`lox_core.arrow`), ordered by step.
@@ -9,6 +11,7 @@ A tracker's `send` gets a `Batch`; its ``table`` holds rows of lox's Arrow schem
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -119,3 +122,50 @@ def arrays(table: pa.Table) -> pa.Table:
     lengths = pc.list_value_length(table.column("shape"))  # pyright: ignore[reportAttributeAccessIssue]
     complex_scalar = pc.starts_with(dtype, "complex")  # pyright: ignore[reportAttributeAccessIssue]
     return table.filter(pc.or_(pc.greater(lengths, 0), complex_scalar))  # pyright: ignore[reportAttributeAccessIssue]
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaEvent:
+    """One event of a rendered kind (`lox_core.media.RENDERED_KINDS`).
+
+    `value` is a `lox_core.media.Media` of NumPy arrays for an image, video,
+    audio clip or histogram (one event: the shape it was logged with), or a
+    NumPy array of strings for text (``(n,)`` or
+    ``(rows, cols)`` for a table; a Python str for a single text). `steps` are the step names the event
+    carried; `step` is the one a tracker uses (the primary step, else the
+    first step name the event carried; None without any).
+    """
+
+    key: str
+    kind: str
+    value: Any
+    steps: dict[str, int]
+    step: int | None
+
+
+def media(table: pa.Table) -> list[MediaEvent]:
+    """The events of `table` whose kind a tracker renders, key by key, each
+    key's events in table order (by step)."""
+    from lox_core import arrow
+    from lox_core.media import RENDERED_KINDS
+
+    if "kind" not in table.column_names:
+        return []  # a table of schema 1: scalars and arrays only
+    rows = table.filter(pc.is_in(table.column("kind").cast(pa.string()),  # pyright: ignore[reportAttributeAccessIssue]
+                                 value_set=pa.array(RENDERED_KINDS)))
+    if rows.num_rows == 0:
+        return []
+    logs = arrow.from_arrow(rows)
+    names = list(logs.steps)
+    primary = schema.primary_step(names)
+    order = sorted(names, key=lambda name: name != primary)
+    kinds = logs.kind
+    out = []
+    for key, value in logs.items():
+        per_name = {name: np.asarray(logs.steps[name][key]) for name in order if key in logs.steps[name]}
+        for i in range(len(value)):
+            steps = {name: int(s[i]) for name, s in per_name.items() if s[i] != NO_STEP}
+            step = next(iter(steps.values()), None)  # `order`: the primary step first
+            event = value[i]
+            out.append(MediaEvent(key, kinds[key], event, steps, step))
+    return out
