@@ -28,11 +28,13 @@ a shape or dtype the kind cannot show, naming the key.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from typing import Any, ClassVar
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 
@@ -186,6 +188,12 @@ def _register(cls: type[Media]) -> None:
 
 for _cls in _CLASSES.values():
     _register(_cls)
+    # `jax.export` serializes a program's output pytree: a kind's options as JSON.
+    jax.export.register_pytree_node_serialization(
+        _cls, serialized_name=f"lox.{_cls.kind}",
+        serialize_auxdata=lambda options: json.dumps(list(options)).encode(),
+        deserialize_auxdata=lambda data: tuple(tuple(pair) for pair in json.loads(data)),
+    )
 
 
 # --- what users call -------------------------------------------------------------------------

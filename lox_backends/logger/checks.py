@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from lox_backends.plugin.hooks import RunInfo
-from lox_core import schema
+from lox_core import media, schema
 from lox_core.arrow import own_clash_message, series_leaves
 from lox_core.dtypes import common_dtype
 from lox_core.logdict import NO_STEP, logdict
@@ -26,8 +26,10 @@ class LogChecks:
     """The checks of one Logger, which remembers each key's dtype and shape and
     the last step sent per run and key."""
 
-    def __init__(self) -> None:
+    def __init__(self, media_limit: dict[str, int] | None = None) -> None:
+        self._media_limit = media_limit or {"*": 2**63 - 1}  # key -> bytes of one event ("*": any other key)
         self._kinds: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # series → (dtype, event shape)
+        self._key_kinds: dict[str, tuple] = {}  # key → its kind and options (lox_core.media)
         self._owners: dict[str, str] = {}  # series → the key that gives it (key/path names)
         self._last_steps: dict[str, np.ndarray] = {}  # key → highest step sent, by run number
         self._warned: set[tuple[int, str]] = set()
@@ -38,6 +40,7 @@ class LogChecks:
         leading axes must be the runs'; under `jax.vmap` both are per element)."""
         for name in logs.steps:
             schema.check_step_name(name)
+        key_kinds = self._check_media(logs, len(runs_shape))
         owners, kinds = self._check_kinds(logs, len(runs_shape))
         for key, mask in logs.valid.items():
             if np.ndim(mask) != len(runs_shape) + 1:
@@ -50,6 +53,37 @@ class LogChecks:
         # The call is accepted: only now are its series names and kinds the logger's.
         self._owners.update(owners)
         self._kinds.update(kinds)
+        self._key_kinds.update(key_kinds)
+
+    def _check_media(self, logs: logdict, batch_ndim: int) -> dict[str, tuple]:
+        """A key keeps one kind, with the same options (a video's fps, a clip's
+        rate), in a logger's runs; one event of a key of a rendered kind holds
+        at most the logger's ``media_limit`` bytes. Returns each key's kind."""
+        kinds: dict[str, tuple] = {}
+        for key, value in logs.items():
+            kind = media.kind_of(value, batch_ndim)
+            if kind not in media.RENDERED_KINDS:
+                kind = "scalar or array"  # told apart by shape, in `_check_kinds`
+            signature = (kind, tuple(value.options.items()) if isinstance(value, media.Media) else ())
+            known = self._key_kinds.get(key, signature)
+            if known != signature:
+                raise ValueError(
+                    f"lox logger: key {key!r} was logged as {_kind_words(known)} and now as "
+                    f"{_kind_words(signature)}; a key keeps one kind and its options in a logger's runs. Log the "
+                    "new values under another key."
+                )
+            kinds[key] = signature
+            if kind in media.RENDERED_KINDS:
+                limit = self._media_limit.get(key, self._media_limit["*"])
+                size = _event_bytes(value, batch_ndim + 1)
+                if size > limit:
+                    raise ValueError(
+                        f"lox logger: one event of key {key!r} ({kind}) holds {size:,} bytes, above the logger's "
+                        f"media_limit of {limit:,} bytes per event of a key. Log fewer or smaller ones (a few "
+                        f"samples, a lower resolution, uint8 pixels), or raise the limit for this key: "
+                        f"`lox.loggers.from_config(..., media_limit={{{key!r}: {size}}})`."
+                    )
+        return kinds
 
     def _check_kinds(self, logs: logdict, batch_ndim: int) -> tuple[dict[str, str], dict[str, tuple]]:
         """A key keeps one event shape in all of a logger's runs (so that its
@@ -145,6 +179,25 @@ class LogChecks:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def _kind_words(signature: tuple) -> str:
+    kind, options = signature
+    return kind + "".join(f" ({name}={value!r})" for name, value in options)
+
+
+def _event_bytes(value, leading_ndim: int) -> int:
+    """Bytes of one event of a key; text by its UTF-8 length (the most of any event)."""
+    leaves = jax.tree_util.tree_leaves(value)
+    if any(media.is_text(leaf) for leaf in leaves):
+        most = 0
+        for leaf in leaves:
+            text = np.asarray(leaf)
+            events = text.reshape(-1, *text.shape[leading_ndim:]) if text.ndim >= leading_ndim else text[None]
+            for event in events:
+                most = max(most, sum(len(str(s).encode()) for s in np.asarray(event).reshape(-1)))
+        return most
+    return media.event_nbytes(value, leading_ndim)
 
 
 def _check_batch_axes(logs: logdict, runs_shape: tuple[int, ...]) -> None:

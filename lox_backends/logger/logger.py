@@ -42,12 +42,12 @@ from lox_backends.logger.resume import Resume
 from lox_backends.logger.runs import Runs, new_group, safe_name
 from lox_backends.logger.worker import BackendError, BackendWorker, Worker
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import BackendConfig, check_logger_options, parse, seconds
+from lox_backends.plugin.config import BackendConfig, check_logger_options, check_media_limit, parse, seconds
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_backends.runstore.table import check_summary_name, flatten
-from lox_core import failures, runtime, schema, spool, tap
+from lox_core import failures, media, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
@@ -64,6 +64,7 @@ MAX_ROUTER_BACKLOG = 256  # calls the router may fall behind before the user's t
 EXIT_WAIT_FOR_FAULT = 2.0  # seconds interpreter exit waits for a backend that fails (a full disk): one more try
 SAY_WAITING_AFTER = 5.0  # seconds of waiting at exit after which lox says what it waits for
 DEFAULT_MAX_PENDING = 256 * 2**20  # bytes of logs a backend may hold unwritten (it fails) before lox stops
+DEFAULT_MEDIA_LIMIT = 64 * 2**20  # bytes of one event of one key of images, video, audio, histograms or text
 ON_ERROR = ("raise", "warn")  # what a Logger does once a backend holds `max_pending` bytes it cannot write
 
 
@@ -108,8 +109,10 @@ class Logger:
         processes: str = "first",
         max_pending: int = DEFAULT_MAX_PENDING,
         on_error: str = "raise",
+        media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
     ):
         timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
+        media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
         for backend in backends:
@@ -131,7 +134,8 @@ class Logger:
         self._runs = Runs(name, group=self._job.group(lambda: new_group(name), timeout))
         self.group: str = self._runs.group  # shared by the runs this logger opens
         _logger_names[self.group] = name
-        self._checks = LogChecks()
+        self.media_limit: dict[str, int] = media_limit  # key -> bytes ("*": every other key)
+        self._checks = LogChecks(media_limit)
         self._waiting = Waiting()
         self._dirty = False  # written to since the last flush
         self._flush_every = flush_every
@@ -329,10 +333,24 @@ class Logger:
 
         return run
 
-    def log(self, state: LoggerState, logs: logdict) -> None:
+    def log(self, state: LoggerState, logs: logdict | Mapping[str, Any], **steps: Any) -> None:
         """Write a logdict (e.g. spooled logs) to the state's runs; works inside
-        and outside jit, and under vmap (one host call for all seeds)."""
+        and outside jit, and under vmap (one host call for all seeds).
+
+        A plain dict is one event, at the `steps` given: ``logger.log(state,
+        {"sample": text, "acc": 0.9}, step=i)``. This is how text is logged
+        (strings, or rectangular lists of them: a table), from Python: eagerly,
+        or in a tap's callback. With a vmapped state (several runs), each
+        value's leading axes are the runs' (one per seed), but for a Python
+        number or str, which every run gets."""
         self._check_open()
+        if isinstance(logs, Mapping) and not isinstance(logs, logdict):
+            logs = _event(logs, steps, np.shape(state.run) if isinstance(state, LoggerState) else ())
+        elif steps:
+            raise TypeError(
+                f"`logger.log` got steps ({', '.join(steps)}) with a lox.logdict, which carries its own steps; "
+                "pass steps with a plain dict of one event: `logger.log(state, {\"loss\": x}, step=i)`."
+            )
         self._log(state, logs)
 
     def _log(self, state: LoggerState, logs: logdict) -> None:
@@ -834,6 +852,36 @@ class Logger:
             outlet.stop()
 
 
+def _event(data: Mapping[str, Any], steps: dict[str, Any], runs_shape: tuple[int, ...]) -> logdict:
+    """A plain dict of one event (`logger.log`) as a logdict: an event axis
+    after the runs' axes, Python numbers and strings given to every run."""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise TypeError(f"`logger.log` keys must be strings, got {key!r} ({type(key).__name__}).")
+        text = media.as_text(key, value)
+        if text is not None:
+            value = text if isinstance(value, (np.ndarray, list, tuple)) else np.broadcast_to(text, runs_shape)
+        elif isinstance(value, (bool, int, float)):
+            value = np.broadcast_to(np.asarray(value), runs_shape)
+        if value is None or not jax.tree_util.tree_leaves(value):
+            raise TypeError(f"`logger.log` got no value for key {key!r}; log an array, a number or a str.")
+        values[key] = jax.tree_util.tree_map(functools.partial(_with_event_axis, len(runs_shape)), value)
+    per_name: dict[str, dict[str, Any]] = {}
+    for name, step in steps.items():
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer, jax.Array)) or np.ndim(step) != 0:
+            raise TypeError(f"`logger.log` step {name!r} must be an integer scalar, got {step!r}.")
+        at = _with_event_axis(len(runs_shape), jnp.broadcast_to(step, runs_shape) if isinstance(step, jax.Array)
+                              else np.broadcast_to(np.asarray(step, np.int64), runs_shape))
+        per_name[name] = dict.fromkeys(values, at)
+    return logdict(values, per_name)
+
+
+def _with_event_axis(position: int, x):
+    xp = jnp if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) else np
+    return xp.expand_dims(xp.asarray(x), position)
+
+
 def _effects_barrier() -> Exception | None:
     """`jax.effects_barrier()`, returning what a host call raised (`lox_core.failures`)
     instead of raising it: `flush` and `finish` raise it once they wrote and closed
@@ -879,6 +927,7 @@ def from_config(
     processes: str = "first",
     max_pending: int = DEFAULT_MAX_PENDING,
     on_error: str = "raise",
+    media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
 ) -> Logger:
     """A Logger for a config string such as ``"console,parquet:runs"``.
 
@@ -891,7 +940,13 @@ def from_config(
 
     >>> [type(b).__name__ for b in from_config("console,memory").backends]
     ['ConsoleBackend', 'MemoryBackend']
+
+    `media_limit` bounds the bytes of one event of a key of images, video,
+    audio, histograms or text (default 64 MiB): a bigger one is refused at the
+    call, naming the key. An int applies to every key; a dict gives keys
+    limits of their own, and ``"*"`` every other key's.
     """
+    media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
     # The options first: refused before any backend is made (and `timeout` bounds making them).
@@ -899,7 +954,7 @@ def from_config(
     with filesystems.time_limit(timeout):  # a backend checks its bucket when it is made
         backends = [registry.create(c) for c in parse(config)]
     return Logger(backends, name=name, timeout=timeout, flush_every=flush_every, processes=processes,
-                  max_pending=max_pending, on_error=on_error)
+                  max_pending=max_pending, on_error=on_error, media_limit=media_limit)
 
 
 def backend_logger(
@@ -912,16 +967,18 @@ def backend_logger(
     processes: str = "first",
     max_pending: int = DEFAULT_MAX_PENDING,
     on_error: str = "raise",
+    media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
     **options: Any,
 ) -> Logger:
     """A Logger for one backend by name: ``backend_logger("parquet", "runs",
     compression="zstd")``; `options` are the backend's (its ``?key=value``)."""
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
     timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
+    media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
     with filesystems.time_limit(timeout):  # a backend checks its bucket when it is made
         made = registry.create(config)
     return Logger([made], name=name, timeout=timeout, flush_every=flush_every,
-                  processes=processes, max_pending=max_pending, on_error=on_error)
+                  processes=processes, max_pending=max_pending, on_error=on_error, media_limit=media_limit)
 
 
 def ConsoleLogger(**options: Any) -> Logger:  # noqa: N802 - the name users know
@@ -971,4 +1028,11 @@ def MultiLogger(*loggers: Logger, name: str = "lox", processes: str = "first") -
     return Logger(backends, name=name, timeout=max(lg.timeout for lg in loggers),
                   flush_every=min(lg._flush_every for lg in loggers), processes=processes,
                   max_pending=min(lg.max_pending for lg in loggers),
-                  on_error="raise" if any(lg.on_error == "raise" for lg in loggers) else "warn")
+                  on_error="raise" if any(lg.on_error == "raise" for lg in loggers) else "warn",
+                  media_limit=loggers[0].media_limit if len(loggers) == 1 else _least_limits(loggers))
+
+
+def _least_limits(loggers: Sequence[Logger]) -> dict[str, int]:
+    """The media limits of several loggers combined: each key's least."""
+    keys = {key for lg in loggers for key in lg.media_limit}
+    return {key: min(lg.media_limit.get(key, lg.media_limit["*"]) for lg in loggers) for key in keys}

@@ -328,6 +328,36 @@ got '5' (a str); pass a number, e.g. flush_every=5.0.
     return timeout, flush_every, int(max_pending)
 
 
+def check_media_limit(limit: Any, default: int) -> dict[str, int]:
+    """A Logger's ``media_limit`` (the bytes one event of a key of images,
+    video, audio, histograms or text may hold) as a dict from keys to bytes,
+    ``"*"`` for every other key: an int applies to every key; a dict gives
+    keys limits of their own (`default` for the others, unless it names ``"*"``).
+
+    >>> check_media_limit(2**20, 64)
+    {'*': 1048576}
+    >>> check_media_limit({"rollout": 2**30}, 64)
+    {'rollout': 1073741824, '*': 64}
+    """
+    example = 'e.g. media_limit=256 * 2**20, or media_limit={"rollout": 2**30} for one key'
+    if isinstance(limit, Mapping):
+        limits = {**dict(limit)}
+        limits.setdefault("*", default)
+    else:
+        limits = {"*": limit}
+    for key, value in limits.items():
+        if not isinstance(key, str):
+            raise TypeError(f"a lox Logger's `media_limit` maps keys (str) to bytes, got the key {key!r}; {example}.")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+            which = "" if key == "*" and not isinstance(limit, Mapping) else f" for key {key!r}"
+            raise ValueError(
+                f"a lox Logger's `media_limit`{which} is a number of bytes > 0 (the most one event of a key of "
+                f"images, video, audio, histograms or text may hold), got {value!r}; {example}."
+            )
+        limits[key] = int(value)
+    return limits
+
+
 def seconds(option: str, value: Any, what: str, example: float) -> float:
     """`value` of the Logger option `option` (`what` it sets) as seconds: a
     finite number > 0 (a bool, a str, None, NaN and infinity are refused, as

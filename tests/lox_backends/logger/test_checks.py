@@ -13,7 +13,7 @@ import pytest
 
 import lox
 
-COLUMNS = ["run", "key", "value", "dtype", "shape", "data"]  # the columns of lox's tables (plugins.md)
+COLUMNS = ["run", "key", "value", "dtype", "shape", "data", "kind"]  # the columns of lox's tables (plugins.md)
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def lox_warnings(caught) -> list[str]:
 def test_a_step_named_like_a_column_of_lox_tables_is_refused(logger, name):
     state = logger.init()
     message = (f"the step name '{name}' is reserved for a column of lox's tables (run, key, value, dtype, shape, "
-               f"data); rename the step, e.g. `lox.log(..., {name}_step=i)`.")
+               f"data, kind); rename the step, e.g. `lox.log(..., {name}_step=i)`.")
     with pytest.raises(ValueError, match=re.escape(message)):
         logger.log(state, lox.logdict({"x": f32(1)}, {name: {"x": np.zeros(1, np.int32)}}))
     logger.log(state, lox.logdict({"x": f32(1)}, {f"{name}_step": {"x": np.zeros(1, np.int32)}}))
@@ -289,3 +289,65 @@ def test_among_vmapped_seeds_only_those_that_dropped_events_warn(logger):
         jax.vmap(lambda s, n: logger.spool(collatz_steps, s, max_events=5)(n))(states, jnp.array([4, 6, 8]))
         logger.flush()  # 4 2: 2 events; 6...: 8, 3 dropped; 8 4 2: 3
     assert lox_warnings(caught) == [dropped("s-1", "3 of 'n', 3 of 'odd'")]
+
+
+# --- kinds (lox.image...) and the media limit ---------------------------------------------------
+def test_a_key_keeps_one_kind_and_its_options(logger):
+    state = logger.init(name="kinds")
+    logger.log(state, {"clip": lox.video(np.zeros((2, 4, 4, 3)), fps=4)}, step=0)
+    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4\) and now as video \(fps=8\)"):
+        logger.log(state, {"clip": lox.video(np.zeros((2, 4, 4, 3)), fps=8)}, step=1)
+    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4\) and now as image"):
+        logger.spool(lambda: lox.log({"clip": lox.image(jnp.zeros((4, 4, 3)))}), state)()
+    with pytest.raises(ValueError, match="key 'clip' was logged as video .* and now as scalar or array"):
+        logger.log(state, {"clip": 1.0}, step=2)
+    logger.log(state, {"clip": lox.video(np.ones((2, 4, 4, 3)), fps=4)}, step=3)  # the same kind: taken
+    logger.finish(state)
+
+
+def test_an_event_above_the_media_limit_is_refused_at_the_call_naming_the_key():
+    logger = lox.loggers.from_config("memory", media_limit={"big": 1000})
+    state = logger.init(name="limits")
+    tapped = logger.tap(lambda x: lox.log({"big": lox.image(x)}, step=0), state)
+    with pytest.raises(ValueError, match=r"one event of key 'big' \(image\) holds 4,800 bytes, above the logger's "
+                                         r"media_limit of 1,000 bytes .* media_limit=\{'big': 4800\}"):
+        tapped(jnp.zeros((20, 20, 3)))  # refused while tracing, before anything runs
+    with pytest.raises(ValueError, match=r"key 'big' \(text\) holds 1,200 bytes"):
+        logger.log(state, {"big": "é" * 600}, step=1)  # text by its UTF-8 bytes
+    logger.log(state, {"small": lox.image(np.zeros((400, 400, 3), np.uint8))}, step=0)  # other keys: 64 MiB
+    logger.finish(state)
+    assert [t.column("key").to_pylist() for t in logger.backends[0].tables()] == [["small"]]
+
+
+@pytest.mark.parametrize(("limit", "message"), [
+    (0, r"`media_limit` is a number of bytes > 0 .* got 0"),
+    (True, r"`media_limit` is a number of bytes > 0 .* got True"),
+    ({"x": 1.5}, r"`media_limit` for key 'x' is a number of bytes > 0 .* got 1.5"),
+    ({3: 10}, r"maps keys \(str\) to bytes, got the key 3"),
+])
+def test_a_bad_media_limit_is_refused_naming_it(limit, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        lox.loggers.from_config("memory", media_limit=limit)
+
+
+# --- logger.log with a plain dict of one event -----------------------------------------------------
+def test_a_plain_dict_is_one_event_at_the_steps_given(logger):
+    state = logger.init(name="plain")
+    logger.log(state, {"acc": 0.5, "w": np.arange(3.0)}, step=4, epoch=1)
+    logger.finish(state)
+    (logs,) = [lox.logdict.from_arrow(t) for t in logger.backends[0].tables()]
+    assert logs["acc"].tolist() == [0.5] and logs["w"].tolist() == [[0.0, 1.0, 2.0]]
+    assert logs.step["acc"].tolist() == [4] and logs.epoch["w"].tolist() == [1]
+
+
+def test_a_plain_dict_for_vmapped_runs_gives_numbers_to_every_run_and_arrays_per_run(logger):
+    state = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+    logger.log(state, {"lr": 0.1, "score": np.array([1.0, 2.0])}, step=0)
+    logger.finish(state)
+    memory = logger.backends[0]
+    values = [[v for t in memory.tables(run.run_id) for v in t.column("value").to_pylist()] for run in logger.runs()]
+    assert values == [[0.1, 1.0], [0.1, 2.0]]
+    with pytest.raises(TypeError, match="`logger.log` got steps \\(step\\) with a lox.logdict"):
+        logger.log(state, lox.logdict({"a": np.zeros((2, 1))}), step=1)
+    with pytest.raises(TypeError, match="step 'step' must be an integer scalar, got 1.5"):
+        logger.log(state, {"a": 1.0}, step=1.5)
