@@ -1,10 +1,10 @@
-"""Conversion between `logdict` and Apache Arrow tables (schema version 1).
+"""Conversion between `logdict` and Apache Arrow tables (schema version 2).
 
 `to_arrow` turns a logdict into one long-form `pyarrow.Table` with one row per
 event of a key; `from_arrow` turns such a table (also one read back from a
 Parquet file, or several runs' tables concatenated) into a logdict again.
 
-Schema, version 1
+Schema, version 2
 -----------------
 Columns, in this order:
 
@@ -29,7 +29,7 @@ one column per step name: ``int64``, nullable
     included). Null otherwise.
 ``dtype``: ``dictionary<int32, string>``
     ``numpy.dtype(...).name`` of the series: ``"float32"``, ``"bfloat16"``,
-    ``"int64"``, ``"bool"``...
+    ``"int64"``, ``"bool"``...; ``"str"`` for text.
 ``shape``: ``list<int32>``
     The shape of one event: an empty list for scalars. Axes added by
     `jax.vmap` come right after the event axis, so they are part of it.
@@ -38,12 +38,21 @@ one column per step name: ``int64``, nullable
     integer and complex scalars): the event's raw bytes, C order, native byte
     order, ``prod(shape) * itemsize`` of them. Null on the rows with a
     ``value``. `to_arrow` shares each series' own buffer (no copy), so this
-    column comes in one chunk per array-valued series.
+    column comes in one chunk per array-valued series. On text rows: the
+    text's UTF-8 bytes where its shape is ``[]``, else a JSON list of its
+    strings in C order (``["a", "b", "c", "d"]`` for shape ``[2, 2]``).
+``kind``: ``dictionary<int32, string>``, never null
+    What the row holds (`lox_core.media.KINDS`): ``scalar`` (shape ``[]``) or
+    ``array`` for plain numbers; ``text`` (dtype ``str``, value null); or the
+    kind the key was logged as: ``image``, ``video``, ``audio``,
+    ``histogram`` (both series of a histogram, ``key/counts`` and
+    ``key/edges``). Filter on it to take the rows a tool shows, e.g.
+    ``SELECT key, step, value FROM 'DIR/*/*.parquet' WHERE kind = 'scalar'``.
 
 Schema metadata, JSON values:
 
 ``lox.schema``
-    ``"1"``.
+    ``"2"``.
 ``lox.step_dtypes``
     Step name -> NumPy dtype name of those steps on the logdict side, so that
     int32 steps come back int32.
@@ -74,12 +83,41 @@ Schema metadata, JSON values:
     with the string ``"flat"`` (:data:`FLAT`): several structures, so its
     series are read flat, in that file and in the run's other files (as for a
     key whose structure differs between files: `concat_read`).
+``lox.kinds``
+    Only in tables with a key logged as an image, video, audio clip or
+    histogram (`lox_core.media`). Key -> ``{"kind": kind, **options}``, the
+    kind's static options included: ``{"samples": {"kind": "image"}, "v":
+    {"kind": "video", "fps": 10}, "clip": {"kind": "audio", "rate": 16000},
+    "w": {"kind": "histogram"}}``. `from_arrow` rebuilds each such key from
+    its series (`lox_core.media.rebuild`): an image's, video's or audio's
+    one series is named as the key (its pixels, frames or samples), a
+    histogram's two ``key/counts`` and ``key/edges``. A batch file that
+    holds several tables lists the keys of all of them (lox writes tables of
+    one key with different kinds or options into different files). A kind
+    this lox does not know is an error naming the key.
+
+Text
+----
+Strings (logged from Python: ``logger.log(state, {"sample": "..."})``) are
+held in logdicts as NumPy ``StringDType`` arrays, ``(events, *shape)``;
+fixed-width ``<U`` arrays are written the same way. Their rows have dtype
+``str``, kind ``text``, a null value and the UTF-8 bytes (or a JSON list) in
+``data``; `from_arrow` gives them back as ``StringDType`` arrays.
+
+Version 1
+---------
+Tables and files of lox before kinds (``lox.schema`` ``"1"``) lack the
+``kind`` column and ``lox.kinds``; they hold scalars and arrays only and read
+as before. Readers that need a row's kind there derive it from the shape:
+``scalar`` for ``[]``, else ``array`` (`lox_core.schema.row_kinds`). A
+version above 2 is refused (upgrade lox).
 
 Reading
 -------
 `from_arrow` reads any table with the six columns ``run``, ``key``,
-``value``, ``dtype``, ``shape`` and ``data``; every other column is a step
-column (any integer type). String columns may be dictionaries with any index
+``value``, ``dtype``, ``shape`` and ``data`` (``kind`` is optional, and not
+needed to decode: ``lox.kinds`` and the ``str`` dtype say what to rebuild);
+every other column is a step column (any integer type). String columns may be dictionaries with any index
 type or plain strings, ``data`` binary or large_binary, ``shape`` list or
 large_list, every column in any number of chunks, as other tools and Parquet
 readers hand them back. Keys come back in order of first appearance and the
@@ -103,6 +141,11 @@ What round-trips: everything, exactly, but for these.
   not a dict, list, tuple or None (a namedtuple, a registered class), or in
   a table without ``lox.trees`` (earlier lox), as its series
   (``logs["grad/b/0"]``), each with the key's steps.
+* A kind's value (``lox.image(x)``...) comes back as that kind
+  (``logs["samples"].pixels``, ``logs.kind["samples"] == "image"``), its
+  options included; with ``flat=True``, or in a table without ``lox.kinds``,
+  as its series: NumPy arrays named ``key`` (an image's pixels) or
+  ``key/counts`` and ``key/edges`` (a histogram).
 * A NaN in the ``value`` column comes back a NaN of the same sign, but not
   always with its payload bits (bfloat16 NaNs come back canonical, signalling
   NaNs quiet). Values in ``data`` come back bit for bit.
@@ -117,7 +160,7 @@ What round-trips: everything, exactly, but for these.
 ... )
 >>> table = to_arrow(logs, run="seed0")
 >>> table.column_names
-['run', 'key', 'step', 'value', 'dtype', 'shape', 'data']
+['run', 'key', 'step', 'value', 'dtype', 'shape', 'data', 'kind']
 >>> table.column("step").to_pylist(), table.column("value").to_pylist()
 ([10, 20, None, None], [0.5, 0.25, None, None])
 >>> table.column("shape").to_pylist(), table.column("data").to_pylist()[2]
@@ -131,6 +174,14 @@ What round-trips: everything, exactly, but for these.
 (['norms/l1/kernel', 'norms/l1/kernel'], b'{"norms": {"dict": {"l1": {"dict": {"kernel": null}}}}}')
 >>> from_arrow(table)["norms"]["l1"]["kernel"].tolist(), list(from_arrow(table, flat=True))
 ([1.0, 1.0], ['norms/l1/kernel'])
+>>> one = lox.histogram(np.array([0.0, 1.0, 1.0]), bins=2)  # one event; [None] adds the event axis
+>>> kinds = lox.logdict({"h": one[None], "note": np.array(["hi"])})
+>>> table = to_arrow(kinds)
+>>> table.select(["key", "kind", "dtype", "data"]).to_pylist()[2]
+{'key': 'note', 'kind': 'text', 'dtype': 'str', 'data': b'hi'}
+>>> back = from_arrow(table)
+>>> back.kind, back["h"].counts.tolist(), back["note"].tolist(), list(from_arrow(table, flat=True))
+({'h': 'histogram', 'note': 'text'}, [[1, 2]], ['hi'], ['h/counts', 'h/edges', 'note'])
 """
 
 from __future__ import annotations
@@ -162,7 +213,7 @@ if TYPE_CHECKING:
 
 # --- logdict -> Arrow ---------------------------------------------------------------------
 def to_arrow(logs: logdict, run: str | None = None) -> pa.Table:
-    """`logs` as an Arrow table of schema version 1 (see the module docstring).
+    """`logs` as an Arrow table of schema version 2 (see the module docstring).
 
     `run` names the run on every row (null when None), so that the tables of
     several runs can be concatenated and told apart by `from_arrow`.
@@ -220,13 +271,14 @@ def concat_read(parts: list[logdict], flat: Iterable[str] = ()) -> logdict:
 
 # --- Arrow -> logdict ---------------------------------------------------------------------
 def from_arrow(table: pa.Table, run: str | None = None, *, flat: bool = False) -> logdict:
-    """The logdict of NumPy arrays that a table of schema version 1 holds.
+    """The logdict of NumPy arrays that a table of schema version 2 (or 1) holds.
 
     The table may come from `to_arrow`, a Parquet file, or several runs'
     tables concatenated: then pass ``run=`` to choose one run (or use
     `from_arrow_runs` for all of them). A key logged as a pytree comes back
-    as that pytree (``lox.trees``); with ``flat=True``, as its ``key/path``
-    series, the names of the ``key`` column.
+    as that pytree (``lox.trees``), a kind's value as that kind
+    (``lox.kinds``), text as StringDType arrays; with ``flat=True``, as its
+    series, NumPy arrays named as the ``key`` column names them.
     """
     return trusted(*arrow_codec.decode(table, run, flat=flat))
 

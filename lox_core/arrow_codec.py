@@ -1,4 +1,4 @@
-"""The lox Arrow schema (version 1, specified in `lox_core.arrow`'s docstring),
+"""The lox Arrow schema (version 2, specified in `lox_core.arrow`'s docstring),
 encoded from and decoded to plain dicts of series: ``data`` (key -> value, a
 pytree of arrays with a leading event axis) and ``steps`` (step name -> key ->
 steps), as a logdict holds them.
@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_core import schema
+from lox_core import media, schema
 from lox_core.dtypes import common_dtype
 from lox_core.series import NO_STEP, claim_series_name, named_leaves, steps_per_event
 
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 TREES_METADATA = "lox.trees"  # key -> its pytree structure, for the keys that hold pytrees
+KINDS_METADATA = "lox.kinds"  # key -> {"kind": ..., **options}, for the keys that hold a kind's value (images...)
+TEXT_DTYPE = "str"  # the dtype column of text rows
 FLAT = "flat"  # the lox.trees entry of a key logged with several structures: read its series flat
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -72,10 +74,12 @@ def encode(data: Mapping[str, Any], steps: dict[str, dict[str, Any]], run: str |
     for name in step_names:
         columns[name] = _step_column(series, name, bounds)
     columns["value"] = _value_column(series, bounds)
-    dtype_names = list(dict.fromkeys(s.values.dtype.name for s in series))
-    columns["dtype"] = _dict_column(dtype_names, [dtype_names.index(s.values.dtype.name) for s in series], bounds)
+    dtype_names = list(dict.fromkeys(s.dtype for s in series))
+    columns["dtype"] = _dict_column(dtype_names, [dtype_names.index(s.dtype) for s in series], bounds)
     columns["shape"] = _shape_column(series, bounds)
     columns["data"] = _data_column(series)
+    kind_names = list(dict.fromkeys(s.kind for s in series))
+    columns[schema.KIND] = _dict_column(kind_names, [kind_names.index(s.kind) for s in series], bounds)
 
     metadata = {
         "lox.schema": schema.SCHEMA_VERSION,
@@ -83,7 +87,7 @@ def encode(data: Mapping[str, Any], steps: dict[str, dict[str, Any]], run: str |
         "lox.step_batch_ndim": json.dumps({s.name: s.batch_ndim for s in series if s.batch_ndim}),
         "lox.empty_series": json.dumps(
             {
-                s.name: {"position": i, "dtype": s.values.dtype.name, "shape": list(s.values.shape[1:]),
+                s.name: {"position": i, "dtype": s.dtype, "shape": list(s.values.shape[1:]),
                          "steps": list(s.steps)}
                 for i, s in enumerate(series) if len(s.values) == 0
             }
@@ -92,9 +96,13 @@ def encode(data: Mapping[str, Any], steps: dict[str, dict[str, Any]], run: str |
     trees = {key: tree for key, value in data.items() if (tree := _tree(value)) is not None}
     if trees:  # only where a key holds a pytree: other tables stay as earlier lox wrote them
         metadata[TREES_METADATA] = json.dumps(trees)
+    kinds = {key: {"kind": value.kind, **value.options}
+             for key, value in data.items() if isinstance(value, media.Media)}
+    if kinds:  # only where a key holds an image, a video...
+        metadata[KINDS_METADATA] = json.dumps(kinds)
     types = {"run": _DICT, "key": _DICT, "value": pa.float64(), "dtype": _DICT,
-             "shape": pa.list_(pa.int32()), "data": pa.large_binary()}
-    fields = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=(n != "key")) for n in columns],
+             "shape": pa.list_(pa.int32()), "data": pa.large_binary(), schema.KIND: _DICT}
+    fields = pa.schema([pa.field(n, types.get(n, pa.int64()), nullable=n not in ("key", schema.KIND)) for n in columns],
                        metadata=metadata)
     return pa.Table.from_arrays(list(columns.values()), schema=fields), counts
 
@@ -148,12 +156,18 @@ def to_arrow_runs(logs: logdict, runs: list[str], batch_ndim: int) -> tuple[pa.T
 
 
 class _Series:
-    """One array leaf of a key, on the host, with the key's steps (one per event)."""
+    """One array leaf of a key, on the host, with the key's steps (one per
+    event), its kind (`lox_core.media.KINDS`) and its dtype column's name."""
 
-    __slots__ = ("name", "values", "steps", "batch_ndim")
+    __slots__ = ("name", "values", "steps", "batch_ndim", "kind", "dtype")
 
-    def __init__(self, name: str, values: np.ndarray, steps: dict[str, np.ndarray], batch_ndim: int):
+    def __init__(self, name: str, values: np.ndarray, steps: dict[str, np.ndarray], batch_ndim: int,
+                 kind: str | None):
         self.name, self.values, self.steps, self.batch_ndim = name, values, steps, batch_ndim
+        text = values.dtype.kind in "UT"
+        self.dtype = TEXT_DTYPE if text else values.dtype.name
+        # A row's own kind where the key has none: text, one number (shape []) or an array.
+        self.kind = kind or ("text" if text else "scalar" if values.ndim == 1 else "array")
 
 
 def _series(data: Mapping[str, Any], steps: dict[str, dict[str, Any]]) -> list[_Series]:
@@ -161,11 +175,13 @@ def _series(data: Mapping[str, Any], steps: dict[str, dict[str, Any]]) -> list[_
     seen: dict[str, str] = {}
     for key, value in data.items():
         own = {name: np.asarray(per_key[key]) for name, per_key in steps.items() if key in per_key}
+        kind = value.kind if isinstance(value, media.Media) else None
         for name, leaf in named_leaves(key, value):
             claim_series_name(name, key, seen, value)
             values = _host(name, leaf)
             batch_ndim = _batch_ndim(name, values, own)
-            out.append(_Series(name, values, {n: _step_per_event(name, n, s) for n, s in own.items()}, batch_ndim))
+            out.append(_Series(name, values, {n: _step_per_event(name, n, s) for n, s in own.items()}, batch_ndim,
+                               kind))
     return out
 
 
@@ -284,7 +300,9 @@ def _host(name: str, leaf) -> np.ndarray:
     values = np.asarray(leaf)  # once per series: a device array comes over in one transfer
     if values.ndim == 0:
         raise ValueError(f"series {name!r} has no event axis (shape ()); a logdict series is (events, ...).")
-    if not _storable(values.dtype):
+    if values.dtype.kind == "U":  # NumPy's fixed-width strings: text, held as StringDType
+        values = values.astype(np.dtypes.StringDType())
+    if values.dtype.kind != "T" and not _storable(values.dtype):
         raise TypeError(f"series {name!r} has dtype {values.dtype}, which the lox Arrow schema cannot store.")
     if not values.dtype.isnative:
         values = values.astype(values.dtype.newbyteorder("="))
@@ -399,7 +417,7 @@ def _data_column(series: list[_Series]) -> pa.ChunkedArray:
         if nulls:
             chunks.append(pa.nulls(nulls, pa.large_binary()))
             nulls = 0
-        chunks.append(_data_chunk(s.values))
+        chunks.append(_text_chunk(s.values) if s.kind == "text" else _data_chunk(s.values))
     if nulls:
         chunks.append(pa.nulls(nulls, pa.large_binary()))
     return pa.chunked_array(chunks, pa.large_binary())
@@ -415,6 +433,14 @@ def _data_chunk(values: np.ndarray) -> pa.Array:
         pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(contiguous.reshape(-1).view(np.uint8))],
         null_count=0,
     )
+
+
+def _text_chunk(values: np.ndarray) -> pa.Array:
+    # UTF-8 per event: the string itself for shape (), else a JSON list of the strings, C order.
+    if values.ndim == 1:
+        return pa.array([str(v).encode() for v in values], pa.large_binary())
+    flat = values.reshape(len(values), math.prod(values.shape[1:]))
+    return pa.array([json.dumps(row.tolist(), ensure_ascii=False).encode() for row in flat], pa.large_binary())
 
 
 def _exact_in_float64(dtype: np.dtype) -> bool:
@@ -446,6 +472,8 @@ def _storable(dtype: np.dtype) -> bool:
 
 
 def numpy_dtype(name: str) -> np.dtype:
+    if name == TEXT_DTYPE:
+        return np.dtype(np.dtypes.StringDType())
     try:
         return np.dtype(name)
     except TypeError:
@@ -459,7 +487,8 @@ def numpy_dtype(name: str) -> np.dtype:
 # --- Arrow -> series ----------------------------------------------------------------------
 def decode(table: pa.Table, run: str | None = None, *, flat: bool = False) -> tuple[dict, dict]:
     """The series (``data``, ``steps``) of one run of a table of schema
-    version 1, as NumPy arrays; `run` and `flat` as in `lox_core.arrow.from_arrow`."""
+    version 2 or 1, as NumPy arrays (a kind's value rebuilt, text as
+    StringDType arrays); `run` and `flat` as in `lox_core.arrow.from_arrow`."""
     header = Header(table, flat)
     table = _select_run(table, run)
     keys, starts, counts, table = _group_by_key(table)
@@ -470,22 +499,23 @@ class Header:
     """What a table's schema says: its step columns and the lox metadata."""
 
     def __init__(self, table: pa.Table, flat: bool = False):
-        missing = [c for c in schema.COLUMNS if c not in table.column_names]
+        missing = [c for c in schema.REQUIRED if c not in table.column_names]
         if missing:
             raise ValueError(
                 f"the table lacks the column(s) {', '.join(map(repr, missing))} of the lox Arrow schema; "
                 "it must have run, key, value, dtype, shape and data (see lox_core.arrow)."
             )
         meta = _metadata(table)
-        if meta.get("lox.schema", schema.SCHEMA_VERSION) != schema.SCHEMA_VERSION:
+        if meta.get("lox.schema", schema.SCHEMA_VERSION) not in schema.READS:
             raise ValueError(
-                f"the table has lox schema version {meta['lox.schema']!r}; this lox reads version "
-                f"{schema.SCHEMA_VERSION}. Upgrade lox."
+                f"the table has lox schema version {meta['lox.schema']!r}; this lox reads versions "
+                f"{' and '.join(schema.READS)}. Upgrade lox."
             )
         self.step_dtypes = _json(meta, "lox.step_dtypes")
         self.batch_ndims = _json(meta, "lox.step_batch_ndim")
         self.empty_series = _json(meta, "lox.empty_series")
         self.trees = {} if flat else _json(meta, TREES_METADATA)  # key -> its pytree structure
+        self.kinds = {} if flat else _kinds(_json(meta, KINDS_METADATA))  # key -> (kind, options)
         self.step_names = schema.step_names(table)
         for name in self.step_names:
             if not pa.types.is_integer(table.schema.field(name).type):
@@ -519,12 +549,64 @@ class Header:
                 steps.setdefault(name, {})[key] = np.zeros((0, *shape[:k]), self.step_dtypes.get(name, "int64"))
         if self.trees:
             data, steps = _nest(self.trees, data, steps)
+        if self.kinds:
+            data, steps = _rebuild(self.kinds, data, steps)
         # Step dicts follow the key order, as in a logdict built by lox.
         order = {key: i for i, key in enumerate(data)}
         steps = {name: dict(sorted(per_key.items(), key=lambda kv: order[kv[0]]))
                  for name, per_key in steps.items() if per_key}
         # Consistent by construction (each key's values and steps come from the same rows): a trusted logdict.
         return data, steps
+
+
+def _kinds(described: dict) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The ``lox.kinds`` metadata checked: key -> (kind, options)."""
+    out = {}
+    for key, spec in described.items():
+        kind = spec.get("kind") if isinstance(spec, dict) else None
+        if kind not in media.MEDIA_KINDS:
+            raise ValueError(
+                f"the lox.kinds metadata describes key {key!r} with {json.dumps(spec)}; this lox knows the kinds "
+                f"{', '.join(media.MEDIA_KINDS)} (written by a newer lox? upgrade lox), or remove that entry to "
+                "read the key's arrays as they are."
+            )
+        out[key] = (kind, {name: option for name, option in spec.items() if name != "kind"})
+    return out
+
+
+def _rebuild(kinds: dict[str, tuple[str, dict[str, Any]]], data: dict, steps: dict) -> tuple[dict, dict]:
+    """`data` and `steps` with the series of each key in `kinds` made into its
+    kind's value again (`lox_core.media.rebuild`), where all of them are there,
+    with the same steps; in place of its first series."""
+    owner: dict[str, str] = {}  # series name -> the key whose value takes it
+    for key, (kind, _) in kinds.items():
+        fields = media.media_class(kind).fields
+        names = [key] if len(fields) == 1 else [f"{key}/{field}" for field in fields]
+        if all(n in data for n in names) and (len(names) == 1 or key not in data) and _same_steps(names, data, steps):
+            owner.update((name, key) for name in names)
+    if not owner:
+        return data, steps
+    rebuilt: dict[str, Any] = {}
+    for name, value in data.items():
+        key = owner.get(name)
+        if key is None:
+            rebuilt[name] = value
+        elif key not in rebuilt:  # where its first series was
+            kind, options = kinds[key]
+            fields = media.media_class(kind).fields
+            arrays = [data[key]] if len(fields) == 1 else [data[f"{key}/{field}"] for field in fields]
+            try:
+                rebuilt[key] = media.rebuild(kind, options, arrays)
+            except TypeError as e:
+                raise ValueError(
+                    f"the lox.kinds metadata gives key {key!r} the options {options} ({e}); remove that entry "
+                    "to read the key's arrays as they are."
+                ) from None
+    by_key: dict[str, dict] = {name: {} for name in steps}
+    for step_name, per_key in steps.items():
+        for name, s in per_key.items():
+            by_key[step_name].setdefault(owner.get(name, name), s)  # a key's series share its steps
+    return rebuilt, by_key
 
 
 def _metadata(table: pa.Table) -> dict[str, str]:
@@ -684,6 +766,8 @@ class Columns:
         data = self.data.slice(start, count).combine_chunks()  # zero-copy within one chunk
         if data.null_count:
             raise ValueError(f"rows of key {key!r} have neither value nor data.")
+        if dtype.kind == "T":
+            return _text(key, data, shape)
         if not pa.types.is_large_binary(data.type):
             data = data.cast(pa.large_binary())  # binary from other writers
         _, offsets_buf, bytes_buf = data.buffers()
@@ -704,6 +788,26 @@ class Columns:
         if not _any(valid, start, count):
             return None
         return values[start : start + count]
+
+
+def _text(key: str, data: pa.Array, shape: tuple[int, ...]) -> np.ndarray:
+    """Text rows' data as a StringDType array ``(events, *shape)``: UTF-8, a
+    JSON list of the strings (C order) where the shape is not ``()``."""
+    rows = [bytes(b).decode() for b in data.to_pylist()]
+    out = np.empty((len(rows), *shape), np.dtypes.StringDType())
+    if not shape:
+        out[:] = rows
+        return out
+    size = math.prod(shape)
+    for i, row in enumerate(rows):
+        strings = json.loads(row) if size else []
+        if not isinstance(strings, list) or len(strings) != size or not all(isinstance(t, str) for t in strings):
+            raise ValueError(
+                f"the data of text key {key!r} does not hold a JSON list of {size} strings per event "
+                f"(shape {list(shape)}) on row {i} of the key."
+            )
+        out[i] = np.array(strings, np.dtypes.StringDType()).reshape(shape)
+    return out
 
 
 def _validity(array: pa.Array) -> np.ndarray | bool:
