@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lox_core import schema
+from lox_core import arrow, schema
 from lox_core.arrow import dictionary_codes
 from lox_core.logdict import NO_STEP
+from lox_core.media import RENDERED_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +90,11 @@ class Scalars:
 
 
 def scalars(table: pa.Table) -> Scalars:
-    """The events of `table` whose value is a real number (every scalar but complex)."""
+    """The events of `table` whose value is a real number (every scalar but
+    complex): rows of kind ``scalar``, never text, a histogram... (tables of
+    schema version 1: rows of shape ``[]``)."""
     # pyarrow.compute defines its functions at import time, unseen by type checkers.
-    scalar = pc.equal(pc.list_value_length(table.column("shape")), 0)  # pyright: ignore[reportAttributeAccessIssue]
+    scalar = pc.equal(schema.row_kinds(table), "scalar")  # pyright: ignore[reportAttributeAccessIssue]
     rows = table.filter(scalar)
     values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
     missing = np.flatnonzero(np.isnan(values) & ~rows.column("value").is_valid().to_numpy(zero_copy_only=False))
@@ -114,14 +117,16 @@ def scalars(table: pa.Table) -> Scalars:
 
 
 def arrays(table: pa.Table) -> pa.Table:
-    """The rows of `table` that `scalars` leaves out: array-valued events, and
-    complex scalars (read them with `lox.logdict.from_arrow`); trackers keep
-    them as files, histograms..."""
+    """The rows of plain numbers that `scalars` leaves out: rows of kind
+    ``array``, and complex scalars (read them with `lox.logdict.from_arrow`);
+    trackers keep them as files, histograms... The kinds they render (`media`)
+    are in neither."""
     dtype = table.column("dtype").cast(pa.string())
+    kinds = schema.row_kinds(table)
     # pyarrow.compute defines its functions at import time, unseen by type checkers.
-    lengths = pc.list_value_length(table.column("shape"))  # pyright: ignore[reportAttributeAccessIssue]
-    complex_scalar = pc.starts_with(dtype, "complex")  # pyright: ignore[reportAttributeAccessIssue]
-    return table.filter(pc.or_(pc.greater(lengths, 0), complex_scalar))  # pyright: ignore[reportAttributeAccessIssue]
+    scalar, array = pc.equal(kinds, "scalar"), pc.equal(kinds, "array")  # pyright: ignore[reportAttributeAccessIssue]
+    complex_scalar = pc.and_(scalar, pc.starts_with(dtype, "complex"))  # pyright: ignore[reportAttributeAccessIssue]
+    return table.filter(pc.or_(array, complex_scalar))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,9 +151,6 @@ class MediaEvent:
 def media(table: pa.Table) -> list[MediaEvent]:
     """The events of `table` whose kind a tracker renders, key by key, each
     key's events in table order (by step)."""
-    from lox_core import arrow
-    from lox_core.media import RENDERED_KINDS
-
     if "kind" not in table.column_names:
         return []  # a table of schema 1: scalars and arrays only
     rows = table.filter(pc.is_in(table.column("kind").cast(pa.string()),  # pyright: ignore[reportAttributeAccessIssue]
