@@ -1,12 +1,13 @@
 """`lox_backends/trackers/tables.py`: a batch table split as trackers take it, the
-scalar events as numbers (`scalars`) and the rest as rows (`arrays`), against
-values written out by hand."""
+scalar events as numbers (`scalars`), plain arrays as rows (`arrays`) and the kinds
+trackers render as events (`media`: images, histograms, text), against values written
+out by hand."""
 
 import numpy as np
 import pytest
 
 import lox
-from lox_backends.trackers.tables import Scalars, arrays, scalars
+from lox_backends.trackers.tables import Scalars, arrays, media, scalars
 from lox_core import schema
 from lox_core.logdict import NO_STEP
 
@@ -68,3 +69,45 @@ def test_arrays_are_the_rows_scalars_leaves_out():
     assert rows.column("key").to_pylist() == ["z", "w", "z", "w"]
     assert rows.column("step").to_pylist() == [0, 0, 1, 1]
     assert [list(shape) for shape in rows.column("shape").to_pylist()] == [[], [2], [], [2]]
+
+
+def kinds_table():
+    """Two steps of a loss, a 2-vector, an image, a histogram and a text; a table of text at step 1 only."""
+    pixels = np.arange(2 * 2 * 3, dtype=np.uint8).reshape(2, 2, 3, 1)
+    counts, edges = np.array([[1, 2], [3, 0]], np.int32), np.array([[0.0, 0.5, 1.0], [0.0, 1.0, 2.0]], np.float32)
+    text = np.array(["first", "second"], np.dtypes.StringDType())
+    table = np.array([[["a", "b"], ["c", "d"]]], np.dtypes.StringDType())
+    logs = lox.logdict(
+        {"loss": np.array([0.5, 0.25]), "w": np.ones((2, 2)), "img": lox.image(pixels),
+         "h": lox.histogram(np.zeros(1), bins=2).replace_arrays([counts, edges]), "note": text, "tab": table},
+        steps={"step": {"loss": np.array([0, 1]), "w": np.array([0, 1]), "img": np.array([0, 1]),
+                        "h": np.array([0, 1]), "note": np.array([0, 1]), "tab": np.array([1])}},
+    )
+    return schema.order_by_step(logs.to_arrow(run="r")), pixels, counts, edges
+
+
+def test_scalars_and_arrays_leave_out_every_rendered_kind():
+    table, *_ = kinds_table()
+    events = scalars(table)  # text rows have shape [] and no value: never a scalar
+    assert list(events.keys) == ["loss", "loss"] and events.values.tolist() == [0.5, 0.25]
+    rows = arrays(table)  # the histogram's rows are arrays, of kind histogram: left out
+    assert rows.column("key").to_pylist() == ["w", "w"]
+    # A table of schema version 1 (no kind column): by shape, as before.
+    old = batch_table().drop_columns(["kind"])
+    assert list(scalars(old).keys) == ["loss", "big", "loss", "big", "acc"]
+    assert arrays(old).column("key").to_pylist() == ["z", "w", "z", "w"]
+
+
+def test_media_gives_each_rendered_event_as_logged():
+    table, pixels, counts, edges = kinds_table()
+    events = media(table)
+    assert [(e.key, e.kind, e.step) for e in events] == [
+        ("img", "image", 0), ("img", "image", 1), ("h", "histogram", 0), ("h", "histogram", 1),
+        ("note", "text", 0), ("note", "text", 1), ("tab", "text", 1)]
+    for i in range(2):
+        np.testing.assert_array_equal(events[i].value.pixels, pixels[i])
+        np.testing.assert_array_equal(events[2 + i].value.counts, counts[i])
+        np.testing.assert_array_equal(events[2 + i].value.edges, edges[i])
+    assert events[4].value == "first" and events[5].steps == {"step": 1}
+    assert events[6].value.tolist() == [["a", "b"], ["c", "d"]]
+    assert media(batch_table()) == [] and media(batch_table().drop_columns(["kind"])) == []
