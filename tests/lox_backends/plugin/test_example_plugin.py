@@ -1,6 +1,7 @@
 """The example third-party plugin of plugins.md (tests/support/plugins/lox-jsonl), installed
 like any plugin: found through its entry point, and writing what was logged; and the
-backend plugins.md builds method by method, and its tracker, as the page shows them."""
+backend plugins.md builds method by method, its tracker, and the PNG backend of its Kinds
+section, as the page shows them."""
 
 import doctest
 import importlib.metadata
@@ -273,3 +274,37 @@ def test_the_tracker_plugins_md_shows_is_a_valid_backend_class():
     exec(code, namespace)  # noqa: S102 - defines the class: OPTIONS and EXAMPLE are checked there
     tracker = namespace["MyTracker"]
     assert set(tracker.OPTIONS) == {"project", "local"} and tracker.EXAMPLE.startswith(f"{tracker.tracker}:")
+
+
+# --- the plugin of "Kinds": each image event as a PNG file, as plugins.md shows it ------------------
+def test_the_kinds_plugin_writes_each_image_event_as_the_png_of_its_grid(tmp_path, monkeypatch):
+    """plugins.md, section Kinds: the backend and its use run as shown, and write
+    what the page shows: a PNG per image event (the grid of its batch, decoded
+    back to the logged pixels), and an index naming its key and steps."""
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    text = section((ROOT / "plugins.md").read_text(encoding="utf-8"), "Kinds")
+    backend, use = code_blocks(text, "python")
+    namespace = {"__name__": "plugins_md"}
+    exec(backend, namespace)  # noqa: S102 - the page's own code
+    spec, = namespace["lox_backends"]()
+    assert spec.name == "png" and spec.backend is namespace["PngBackend"]
+    exec(use, namespace)  # noqa: S102
+
+    (run,) = namespace["logger"].runs()
+    folder = tmp_path / "pngs" / run.run_id
+    assert sorted(p.name for p in folder.iterdir()) == ["1.png", "2.png", "3.png", "images.jsonl"]
+    (shown,) = code_blocks(text, "console")
+    shown_index = [line for line in shown.splitlines() if line.startswith("{")]
+    assert (folder / "images.jsonl").read_text(encoding="utf-8").splitlines() == shown_index
+    for i in range(3):
+        logged = np.asarray(jax.random.uniform(jax.random.key(i), (4, 8, 8, 1)))[..., 0]  # what `sample` logs
+        by_hand = np.zeros((17, 17), np.uint8)  # 2 x 2 images of 8 x 8, 1-pixel black gaps
+        for n, (r, c) in enumerate([(0, 0), (0, 9), (9, 0), (9, 9)]):
+            by_hand[r : r + 8, c : c + 8] = np.floor(logged[n] * 255 + 0.5)
+        with Image.open(folder / f"{i + 1}.png") as image:
+            assert image.mode == "L" and image.size == (17, 17)
+            np.testing.assert_array_equal(np.asarray(image), by_hand)
+    # The scalar of the same calls is not an image: no file, no line.
+    assert all(json.loads(line)["key"] == "samples" for line in shown_index)
