@@ -23,6 +23,27 @@ What goes where:
   TensorFlow's default buckets, as tensorboardX's ``add_histogram`` makes them)
   at their step; arrays without a finite entry are left out. Complex values
   become ``KEY/real`` and ``KEY/imag``.
+* The kinds (`lox_core.media`) become the summaries TensorBoard shows them
+  with, tagged with the key, at their step; they are encoded in the
+  backend's worker thread (`lox_backends.trackers.encoding`: floats in
+  [0, 1] become uint8 pixels, floats in [-1, 1] 16-bit samples):
+
+  - ``lox.image(x)``: PNG images (IMAGES dashboard); a batch ``(N, H, W, C)``
+    is N images of one tag at one step (the dashboard's sample slider), one
+    tensor ``[width, height, png, ...]`` as ``tf.summary.image`` writes it;
+  - ``lox.video(x, fps=)``: animated GIF images, looping at ``fps``, in the
+    IMAGES dashboard (a batch: one per video);
+  - ``lox.audio(x, rate=)``: an audio summary (AUDIO dashboard), 16-bit WAV at
+    ``rate``;
+  - text: a text summary (TEXT dashboard): a str as Markdown, a list ``(n,)``
+    or table ``(rows, cols)`` of strings as a table (a string tensor of
+    that shape);
+  - ``lox.histogram(x, bins=)``: a histogram summary of the logged counts and
+    edges, not recomputed: ``bucket_limit`` holds every edge and ``bucket``
+    an empty bucket before the counts; ``min`` and ``max`` are the outer
+    edges of the first and last buckets holding values (where the
+    dashboards draw from and to); ``sum`` and ``sum_squares`` are
+    estimated from the bins' centres (no dashboard reads them).
 * The run's metadata (``logger.init(key, lr=0.1)``) becomes the hparams of a
   session (``_hparams_/session_start_info``, read by the HPARAMS dashboard,
   which lists the run's scalars as its metrics), written by the run's own
@@ -69,7 +90,8 @@ import numpy as np
 
 from lox_backends.plugin import hooks
 from lox_backends.runstore.filesystems import check_writable
-from lox_backends.trackers.tables import Batch, arrays, scalars
+from lox_backends.trackers import encoding
+from lox_backends.trackers.tables import Batch, MediaEvent, arrays, media, scalars
 from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core import schema
 from lox_core.arrow import from_arrow
@@ -120,10 +142,17 @@ class TensorboardBackend(TrackerBackend):
         # Imported here, in the thread that creates the backend: the sending
         # thread may first need it while the interpreter exits.
         import tensorboardX.record_writer
-        from tensorboardX.proto import event_pb2, plugin_hparams_pb2, plugin_text_pb2, summary_pb2, tensor_pb2
+        from tensorboardX.proto import (
+            event_pb2,
+            plugin_hparams_pb2,
+            plugin_text_pb2,
+            summary_pb2,
+            tensor_pb2,
+            tensor_shape_pb2,
+        )
         from tensorboardX.summary import make_histogram
 
-        self._tbx = _Tbx(event_pb2, summary_pb2, tensor_pb2, plugin_hparams_pb2, plugin_text_pb2,
+        self._tbx = _Tbx(event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, plugin_hparams_pb2, plugin_text_pb2,
                          tensorboardX.record_writer.RecordWriter, make_histogram)
         self._writers: dict[str, _RunWriter] = {}
 
@@ -186,12 +215,16 @@ class TensorboardBackend(TrackerBackend):
 class _Tbx:
     """The parts of tensorboardX the backend uses (imported when it is created)."""
 
-    def __init__(self, event_pb2, summary_pb2, tensor_pb2, hparams_pb2, text_pb2, record_writer, make_histogram):
+    def __init__(self, event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, hparams_pb2, text_pb2, record_writer,
+                 make_histogram):
         self.Event = event_pb2.Event
         self.Summary = summary_pb2.Summary
         self.Value = summary_pb2.Summary.Value
+        self.Audio = summary_pb2.Summary.Audio
+        self.HistogramProto = summary_pb2.HistogramProto
         self.SummaryMetadata = summary_pb2.SummaryMetadata
         self.TensorProto = tensor_pb2.TensorProto
+        self.TensorShapeProto = tensor_shape_pb2.TensorShapeProto
         self.HParamsPluginData = hparams_pb2.HParamsPluginData
         self.SessionStartInfo = hparams_pb2.SessionStartInfo
         self.SessionEndInfo = hparams_pb2.SessionEndInfo
@@ -333,6 +366,11 @@ class _RunWriter:
             if histogram is not None and self._new(wall, step, tag):
                 value = tbx.Value(tag=tag, histo=histogram)
                 records.append(tbx.Event(wall_time=wall, step=step, summary=tbx.Summary(value=[value])))
+        for event in media(batch.table):  # encoded here, in the backend's worker thread
+            step = 0 if event.step is None else event.step
+            if self._new(wall, step, event.key):
+                value = _media_value(tbx, event)
+                records.append(tbx.Event(wall_time=wall, step=step, summary=tbx.Summary(value=[value])))
         for record in records:
             self._file.write(record.SerializeToString())
             self.last_step = max(self.last_step, record.step)
@@ -391,6 +429,63 @@ def _steps(logs, names: list[str], key: str, events: int) -> np.ndarray:
             steps = np.asarray(steps).reshape(events, -1)[:, 0]  # steps under vmap repeat along its axes
             chosen = np.where(chosen == NO_STEP, steps, chosen)
     return np.where(chosen == NO_STEP, 0, chosen)
+
+
+def _media_value(tbx: _Tbx, event: MediaEvent):
+    """The summary value of an image, video, audio clip, histogram or text."""
+    value = event.value
+    if event.kind == "text":
+        text = np.asarray(value, dtype=object)  # str, or a NumPy array of strings
+        shape = tbx.TensorShapeProto(dim=[tbx.TensorShapeProto.Dim(size=n) for n in text.shape])
+        tensor = tbx.TensorProto(dtype="DT_STRING", tensor_shape=shape,
+                                 string_val=[str(t).encode() for t in text.reshape(-1)])
+        return tbx.Value(tag=event.key, metadata=_plugin(tbx, "text", tbx.TextPluginData(version=0)), tensor=tensor)
+    if event.kind == "audio":
+        samples = np.asarray(value.samples)
+        audio = tbx.Audio(sample_rate=float(value.rate), num_channels=1 if samples.ndim == 1 else samples.shape[1],
+                          length_frames=samples.shape[0], encoded_audio_string=encoding.wav(samples, value.rate),
+                          content_type="audio/wav")
+        return tbx.Value(tag=event.key, audio=audio)
+    if event.kind == "histogram":
+        return tbx.Value(tag=event.key, histo=_logged_histogram(tbx, np.asarray(value.counts), np.asarray(value.edges)))
+    # Images and videos: one tensor of N encoded images (width, height, then the images),
+    # as tf.summary.image writes a batch: the IMAGES dashboard shows them with a sample slider.
+    if event.kind == "image":
+        images = encoding.as_nhwc(value.pixels)
+        height, width = images.shape[1:3]
+        files = [encoding.png(image) for image in images]
+    else:  # animated GIFs: TensorBoard shows them as images
+        videos = encoding.as_nthwc(value.frames)
+        height, width = videos.shape[2:4]
+        files = [encoding.gif(frames, value.fps) for frames in videos]
+    shape = tbx.TensorShapeProto(dim=[tbx.TensorShapeProto.Dim(size=len(files) + 2)])
+    tensor = tbx.TensorProto(dtype="DT_STRING", tensor_shape=shape,
+                             string_val=[str(width).encode(), str(height).encode(), *files])
+    return tbx.Value(tag=event.key, metadata=_plugin(tbx, "images"), tensor=tensor)
+
+
+def _plugin(tbx: _Tbx, name: str, content=None):
+    data = tbx.SummaryMetadata.PluginData(plugin_name=name, content=b"" if content is None else
+                                          content.SerializeToString())
+    return tbx.SummaryMetadata(plugin_data=data)
+
+
+def _logged_histogram(tbx: _Tbx, counts: np.ndarray, edges: np.ndarray):
+    """A histogram summary of logged counts and edges, as they are.
+
+    ``bucket_limit`` holds every edge and ``bucket`` an empty bucket before the
+    counts (a bucket is counted up to its limit: the first edge needs one below it).
+    TensorBoard draws the buckets between the first and last non-empty ones,
+    from ``min`` to ``max``: they are those buckets' outer edges. ``sum`` and
+    ``sum_squares`` are estimated from the bin centres (no dashboard reads them)."""
+    counts = counts.astype(np.float64)
+    edges = edges.astype(np.float64)
+    filled = np.flatnonzero(counts)
+    low, high = (edges[filled[0]], edges[filled[-1] + 1]) if filled.size else (edges[0], edges[-1])
+    centres = (edges[:-1] + edges[1:]) / 2
+    return tbx.HistogramProto(min=low, max=high, num=float(counts.sum()), sum=float(counts @ centres),
+                              sum_squares=float(counts @ centres**2), bucket_limit=edges.tolist(),
+                              bucket=[0.0, *counts.tolist()])
 
 
 def _real_parts(key: str, values: np.ndarray) -> list[tuple[str, np.ndarray]]:

@@ -28,6 +28,23 @@ What goes where:
   get a ``lox`` prefix.
 * Array-valued events become ``wandb.Histogram``s (64 bins of their finite
   entries) at their step. The values themselves stay in the local log.
+* The kinds (`lox_core.media`) become W&B media, in the row of their step
+  beside its scalars; each image or clip is encoded in the backend's
+  worker thread (`lox_backends.trackers.encoding`), and W&B copies the file
+  into the run's ``files/media`` folder:
+
+  - ``lox.image(x)``: a ``wandb.Image`` (PNG; floats in [0, 1] as uint8); a
+    batch ``(N, H, W, C)`` a list of N images under the key (W&B keeps at
+    most 108 of a list: the first are sent, and lox warns once per run);
+  - ``lox.video(x, fps=)``: a ``wandb.Video`` of an animated GIF at ``fps``
+    (encoded by lox: no moviepy needed); a batch a list of them;
+  - ``lox.audio(x, rate=)``: a ``wandb.Audio`` (16-bit WAV at ``rate``;
+    no soundfile needed);
+  - text: a str is a string value; a list ``(n,)`` a ``wandb.Table`` of one
+    column ``text``, a table ``(rows, cols)`` one of columns ``0``, ``1``...;
+  - ``lox.histogram(x, bins=)``: a ``wandb.Histogram`` of the logged counts
+    and edges, as they are (``np_histogram``); beyond W&B's 512 bins, runs of
+    adjacent bins are merged (counts summed).
 * A run finishes at W&B when ``logger.finish`` closes it, with exit code 0
   (W&B: finished), or 1 when it failed (logs were lost, or the program
   raised; W&B: failed); ``lox sync`` finishes a run whose process died with
@@ -70,24 +87,31 @@ below the one it reached) is skipped.
 from __future__ import annotations
 
 import hashlib
+import io
+import math
 import os
 import re
 import struct
+import tempfile
 import time
 import warnings
 import zlib
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
 from lox_backends.runstore.filesystems import fsync
-from lox_backends.trackers.tables import Batch
+from lox_backends.trackers import encoding
+from lox_backends.trackers.tables import Batch, MediaEvent, media
 from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core import schema
 from lox_core.arrow import from_arrow
 from lox_core.logdict import NO_STEP
+from lox_core.media import RENDERED_KINDS
 
 DEFAULT_PROJECT = "lox"
 Mode = Literal["online", "offline", "disabled"]
@@ -197,9 +221,11 @@ class WandbBackend(TrackerBackend):
         if self.mode == "disabled":
             return
         state = self._run(run, remote)
-        rows = state.rows(batch)
-        for step, row in rows:
-            state.run.log(row, step=step)
+        # Images and clips are written here as files, which W&B copies into the run as it logs them.
+        with tempfile.TemporaryDirectory(prefix="lox-wandb-") as files:
+            rows = state.rows(batch, files)
+            for step, row in rows:
+                state.run.log(row, step=step)
         state.sent(rows)
         state.warn_about_losses(self.local_root)
 
@@ -274,44 +300,72 @@ class _WandbRun:
         self.x_axes: set[str] = set()  # keys whose x axis is another step name
         self.late: dict[str, int] = {}  # key -> values at steps W&B had passed (not sent)
         self.twice: dict[str, int] = {}  # key -> second values for one key and step (overwritten)
+        self.cut: dict[str, int] = {}  # key -> batches of images longer than W&B keeps of a list
         self.warned: set[str] = set()
 
-    def rows(self, batch: Batch) -> list[tuple[int, dict]]:
-        """The rows of a batch: (W&B step, {key: value}), in increasing step order."""
-        logs = from_arrow(batch.table, flat=True)  # metrics are named key/path
-        primary = schema.primary_step(n for n in batch.table.column_names if n in logs.steps)
+    def rows(self, batch: Batch, files: str) -> list[tuple[int, dict]]:
+        """The rows of a batch: (W&B step, {key: value}), in increasing step order
+        (media as W&B's media objects, their files written under `files`)."""
+        logs = from_arrow(_plain(batch.table), flat=True)  # metrics are named key/path
+        events = media(batch.table)
+        names = set(logs.steps).union(*(event.steps for event in events))
+        primary = schema.primary_step(n for n in batch.table.column_names if n in names)
         by_key = logs.steps.get(primary, {}) if primary else {}
         floor = self.start if self.step is None else self.step  # W&B drops rows below it
         # Events without the primary step go in the row of the latest step.
-        latest = max([floor, *(int(s.max()) for s in map(np.asarray, by_key.values()) if (s != NO_STEP).any())])
+        latest = max([floor, *(int(s.max()) for s in map(np.asarray, by_key.values()) if (s != NO_STEP).any()),
+                      *(event.steps[primary] for event in events if primary in event.steps)])
         rows: dict[int, dict] = {}
         for key, values in logs.items():
             values = np.asarray(values)
-            events = len(values)
-            if not events:
+            events_of_key = len(values)
+            if not events_of_key:
                 continue
             name = _name(key)
-            steps = _first(by_key.get(key), events)
-            others = {_name(n): _first(d[key], events) for n, d in logs.steps.items() if n != primary and key in d}
-            if others and (steps == NO_STEP).all() and name not in self.x_axes:
-                self.x_axes.add(name)
-                self.run.define_metric(name, step_metric=next(iter(others)))
-            steps = np.where(steps == NO_STEP, latest, steps)
-            kept = np.flatnonzero(steps >= floor)
-            late = int(np.count_nonzero((steps < floor) & ~((steps >= 0) & (steps < self.start))))
-            if late:  # below `start`: sent before, W&B has it; otherwise lost at W&B
-                self.late[name] = self.late.get(name, 0) + late
-            steps = steps[kept]
-            for other, other_steps in others.items():
-                has = other_steps[kept] != NO_STEP  # events without this step name have nothing to add
-                self._fill(rows, other, steps[has].tolist(), other_steps[kept][has].tolist())
-            step_list = steps.tolist()
+            steps = _first(by_key.get(key), events_of_key)
+            others = {_name(n): _first(d[key], events_of_key) for n, d in logs.steps.items()
+                      if n != primary and key in d}
+            kept, step_list = self._place(rows, name, steps, others, floor, latest)
             for part, column in _columns(name, values[kept], self.wandb):
                 self._fill(rows, part, step_list, column)
+        by_media: dict[str, list[MediaEvent]] = {}
+        for event in events:
+            by_media.setdefault(event.key, []).append(event)
+        for key_number, (key, group) in enumerate(by_media.items()):
+            name = _name(key)
+            steps = np.array([event.steps.get(primary, NO_STEP) if primary else NO_STEP for event in group], np.int64)
+            others = {_name(n): np.array([event.steps.get(n, NO_STEP) for event in group], np.int64)
+                      for n in sorted(names) if n != primary and any(n in event.steps for event in group)}
+            kept, step_list = self._place(rows, name, steps, others, floor, latest)
+            cut = sum(np.ndim(group[i].value.pixels) == 4 and len(group[i].value.pixels) > self.wandb.Image.MAX_ITEMS
+                      for i in kept.tolist() if group[i].kind == "image")
+            if cut:
+                self.cut[name] = self.cut.get(name, 0) + cut
+            objects = [_media_object(self.wandb, group[i], os.path.join(files, f"{key_number}-{i}"))
+                       for i in kept.tolist()]  # encoded only when W&B takes them
+            self._fill(rows, name, step_list, objects)
         timestamp = batch.time_ms / 1000  # the batch's time, also when sent again
         for row in rows.values():
             row["_timestamp"] = timestamp
         return sorted(rows.items())
+
+    def _place(self, rows: dict[int, dict], name: str, steps: np.ndarray, others: dict[str, np.ndarray],
+               floor: int, latest: int) -> tuple[np.ndarray, list[int]]:
+        """The events of a key that W&B can still take, and their W&B steps;
+        the other step names they carry are filled in their rows, the lost ones counted."""
+        if others and (steps == NO_STEP).all() and name not in self.x_axes:
+            self.x_axes.add(name)
+            self.run.define_metric(name, step_metric=next(iter(others)))
+        steps = np.where(steps == NO_STEP, latest, steps)
+        kept = np.flatnonzero(steps >= floor)
+        late = int(np.count_nonzero((steps < floor) & ~((steps >= 0) & (steps < self.start))))
+        if late:  # below `start`: sent before, W&B has it; otherwise lost at W&B
+            self.late[name] = self.late.get(name, 0) + late
+        steps = steps[kept]
+        for other, other_steps in others.items():
+            has = other_steps[kept] != NO_STEP  # events without this step name have nothing to add
+            self._fill(rows, other, steps[has].tolist(), other_steps[kept][has].tolist())
+        return kept, steps.tolist()
 
     def _fill(self, rows: dict[int, dict], key: str, steps: list[int], values: list) -> None:
         """Put one value of `key` in the row of each step."""
@@ -341,9 +395,14 @@ class _WandbRun:
 
     def warn_about_losses(self, local_root: str) -> None:
         where = os.path.join(local_root, self.info.run_id)
-        for kind, counts, what in (
-            ("late", self.late, "at steps below the one W&B had reached, which W&B drops"),
-            ("twice", self.twice, "for a key and step that already had a value, which W&B overwrites"),
+        in_order = ("W&B keeps one value per key and step, in increasing step order: log every key with "
+                    "`step=`, in step order.")
+        most = self.wandb.Image.MAX_ITEMS
+        for kind, counts, what, advice in (
+            ("late", self.late, "at steps below the one W&B had reached, which W&B drops", in_order),
+            ("twice", self.twice, "for a key and step that already had a value, which W&B overwrites", in_order),
+            ("cut", self.cut, f"(batches of images) beyond the first {most} images of each, the most W&B keeps "
+                              "of a list", f"Log at most {most} images per key and step (a batch split over keys)."),
         ):
             if counts and kind not in self.warned:
                 self.warned.add(kind)
@@ -351,8 +410,7 @@ class _WandbRun:
                 listed = ", ".join(f"{k!r} ({counts[k]})" for k in keys[:5]) + (" ..." if len(keys) > 5 else "")
                 warnings.warn(
                     f"lox: in W&B run {self.info.name!r}, values {what}: {listed}. They are kept in the "
-                    f"local log ({where!r}, read it with lox.load). W&B keeps one value per key and step, in "
-                    "increasing step order: log every key with `step=`, in step order. (Warned once per run.)",
+                    f"local log ({where!r}, read it with lox.load). {advice} (Warned once per run.)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -372,6 +430,54 @@ def _columns(key: str, values: np.ndarray, wandb) -> list[tuple[str, list]]:
         histograms.append(wandb.Histogram(finite[np.isfinite(finite)], num_bins=HISTOGRAM_BINS))
     return [(key, histograms)]
 
+
+def _media_object(wandb, event: MediaEvent, path: str):
+    """What W&B gets for an event of a rendered kind (see the module docstring);
+    an image or clip is written to `path` (plus its extension) first."""
+    value = event.value
+    if event.kind == "text":
+        if isinstance(value, str):
+            return value
+        text = np.asarray(value, dtype=object)
+        columns = ["text"] if text.ndim == 1 else [str(j) for j in range(text.shape[1])]
+        return wandb.Table(columns=columns, data=text.reshape(len(text), -1).tolist())
+    if event.kind == "histogram":
+        return wandb.Histogram(np_histogram=_at_most(np.asarray(value.counts), np.asarray(value.edges),
+                                                     wandb.Histogram.MAX_LENGTH))
+    if event.kind == "audio":
+        with open(path + ".wav", "wb") as f:
+            f.write(encoding.wav(value.samples, value.rate))
+        return wandb.Audio(path + ".wav", sample_rate=value.rate)
+    if event.kind == "video":
+        videos = [wandb.Video(io.BytesIO(encoding.gif(frames, value.fps)), format="gif")
+                  for frames in encoding.as_nthwc(value.frames)]
+        return videos if np.ndim(value.frames) == 5 else videos[0]
+    images = []
+    for i, image in enumerate(encoding.as_nhwc(value.pixels)[: wandb.Image.MAX_ITEMS]):  # all W&B keeps of a list
+        with open(f"{path}-{i}.png", "wb") as f:
+            f.write(encoding.png(image))
+        images.append(wandb.Image(f"{path}-{i}.png"))
+    return images if np.ndim(value.pixels) == 4 else images[0]
+
+
+def _at_most(counts: np.ndarray, edges: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """A histogram of at most `bins` bins: runs of k adjacent bins merged (their
+    counts summed, their inner edges dropped) when it has more."""
+    if len(counts) <= bins:
+        return counts, edges
+    k = math.ceil(len(counts) / bins)
+    starts = np.arange(0, len(counts), k)
+    return np.add.reduceat(counts, starts), edges[[*starts.tolist(), len(counts)]]
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """The rows of `table` that W&B gets as numbers or histograms of arrays (not a rendered kind)."""
+    if "kind" not in table.column_names:
+        return table  # a table of schema 1: scalars and arrays only
+    # pyarrow.compute defines its functions at import time, unseen by type checkers.
+    rendered = pc.is_in(table.column("kind").cast(pa.string()),  # pyright: ignore[reportAttributeAccessIssue]
+                        value_set=pa.array(RENDERED_KINDS))
+    return table.filter(pc.invert(rendered))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 _MISSING = object()

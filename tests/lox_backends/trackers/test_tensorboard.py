@@ -1,8 +1,10 @@
 """The tensorboard backend, read back with TensorBoard's own readers (its
 EventAccumulator, and its HPARAMS plugin over the data provider its server
 uses): every value and step against references computed by hand, while a run
-is open, through `lox sync`, and after a killed process."""
+is open, through `lox sync`, and after a killed process; images, video, audio,
+text and histograms decoded back (PIL, `wave`) against what was logged."""
 
+import io
 import json
 import os
 import pathlib
@@ -11,13 +13,16 @@ import signal
 import subprocess
 import sys
 import time
+import wave
 
 import jax
 import jax.numpy as jnp
+import media_testing as mt
 import ml_dtypes
 import numpy as np
 import pytest
 from logs_testing import log_epochs
+from PIL import Image, ImageSequence
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_accumulator, plugin_event_multiplexer
 from tensorboard.backend.event_processing import event_accumulator as ea
@@ -151,6 +156,110 @@ def test_events_are_readable_after_flush_while_the_run_is_open(tmp_path):
         assert len(tb.Histograms("grad")) == (epoch + 1) * STEPS_PER_EPOCH
     logger.finish(state)
     assert len(event_files(folder)) == 1
+
+
+def log_every_kind_from_seeds(logger):
+    """Two seeds log every kind: spooled at step 0, tapped at step 1, text from Python at step 2."""
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), mt.SEEDS))
+    jax.jit(jax.vmap(lambda s, x: logger.spool(mt.log_every_kind, s)(x, 0)))(states, mt.inputs(0))
+    jax.vmap(lambda s, x: logger.tap(mt.log_every_kind, s)(x, 1))(states, mt.inputs(1))
+    mt.log_text(logger, states, 2)
+    logger.finish(states)
+
+
+def image_files(provider, sequences, tag, step):
+    """What the IMAGES dashboard gets of a tag at a step: (width, height), and the files."""
+    (datum,) = [d for d in sequences[tag] if d.step == step]
+    width, height, *files = [provider.read_blob(context.RequestContext(), blob_key=b.blob_key) for b in datum.values]
+    return (int(width), int(height)), files
+
+
+def decoded(blob: bytes) -> list[np.ndarray]:
+    """The frames of a PNG or GIF, as pixels (grey stays grey, colours RGB)."""
+    image = Image.open(io.BytesIO(blob))
+    mode = "L" if image.mode == "L" or (image.mode == "P" and _grey(image)) else "RGB"
+    return [np.asarray(frame.convert(mode)) for frame in ImageSequence.Iterator(image)]
+
+
+def _grey(image) -> bool:
+    palette = np.array(image.getpalette()).reshape(-1, 3)
+    return bool((palette == palette[:, :1]).all())
+
+
+def test_every_kind_is_shown_as_what_it_is(tmp_path):
+    """Images (a batch as one tag's N images), videos (animated GIFs), audio,
+    text and histograms, as TensorBoard's dashboards get them from its server
+    (the data provider) and its EventAccumulator, against what each seed logged."""
+    logger = lox.loggers.from_config(spec(tmp_path), name="media")
+    log_every_kind_from_seeds(logger)
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path / "tb"))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path / "tb"))
+    ctx = context.RequestContext()
+    images = provider.read_blob_sequences(ctx, experiment_id="", plugin_name="images", downsample=100)
+    histograms = provider.read_tensors(ctx, experiment_id="", plugin_name="histograms", downsample=100)
+    texts = provider.read_tensors(ctx, experiment_id="", plugin_name="text", downsample=100)
+    runs = [f"{logger.group}/media-{seed}" for seed in range(mt.SEEDS)]
+    assert sorted(images) == runs
+    for seed, run in enumerate(runs):
+        tb = read(tmp_path / "tb" / run)
+        tags = tb.Tags()
+        assert sorted(tags["histograms"]) == ["weights"] and tags["audio"] == ["sound"]
+        assert sorted(tags["scalars"]) == ["loss", *SUMMARY_TAGS]
+        assert sorted(images[run]) == ["clip", "mask", "rollouts", "samples"]
+        assert sorted(texts[run]) == ["_lox/run", "lines", "note", "table"]
+        for step in (0, 1):
+            x = {name: value[seed] for name, value in mt.inputs(step).items()}
+
+            size, files = image_files(provider, images[run], "samples", step)
+            assert size == (mt.W, mt.H) and len(files) == mt.N  # one tag, N images (a sample slider)
+            for file, want in zip(files, x["pixels"], strict=True):
+                np.testing.assert_array_equal(decoded(file), [want])
+            _, (mask,) = image_files(provider, images[run], "mask", step)
+            np.testing.assert_array_equal(decoded(mask), [x["mask"]])
+            size, rollouts = image_files(provider, images[run], "rollouts", step)  # animated GIFs, one per video
+            assert size == (mt.W, mt.H) and len(rollouts) == mt.VIDEOS
+            for file, want in zip(rollouts, x["frames"], strict=True):
+                np.testing.assert_array_equal(decoded(file), want)
+            _, (clip,) = image_files(provider, images[run], "clip", step)
+            np.testing.assert_array_equal(decoded(clip), x["clip"][..., 0])
+            gif = Image.open(io.BytesIO(clip))
+            assert gif.info["duration"] == 1000 // mt.FPS and gif.info["loop"] == 0
+
+            (audio,) = [a for a in tb.Audio("sound") if a.step == step]
+            assert (audio.sample_rate, audio.content_type) == (mt.RATE, "audio/wav")
+            with wave.open(io.BytesIO(audio.encoded_audio_string)) as clip_file:
+                assert (clip_file.getnchannels(), clip_file.getsampwidth(), clip_file.getframerate()) == (2, 2, mt.RATE)
+                samples = np.frombuffer(clip_file.readframes(clip_file.getnframes()), "<i2").reshape(-1, 2)
+            np.testing.assert_array_equal(samples, x["sound"])
+
+            counts, edges = mt.histogram(x["values"])
+            (h,) = [h.histogram_value for h in tb.Histograms("weights") if h.step == step]
+            assert list(h.bucket) == [0, *counts.tolist()] and h.num == mt.VALUES
+            assert h.bucket_limit == pytest.approx(edges.tolist(), rel=1e-6)
+            # The dashboard draws the buckets from the first to the last one that holds values.
+            (drawn,) = [d.numpy for d in histograms[run]["weights"] if d.step == step]
+            filled = np.flatnonzero(counts)
+            want = np.stack([edges[:-1], edges[1:], counts], axis=1)[filled[0] : filled[-1] + 1]
+            np.testing.assert_allclose(drawn, want, rtol=1e-6)
+        # Text: markdown, and tables (a list, a 2-D table) as the TEXT dashboard's tables.
+        want = mt.texts(2)
+        for tag, value in [("note", want["note"]), ("lines", want["lines"][seed]), ("table", want["table"][seed])]:
+            (datum,) = texts[run][tag]
+            assert datum.step == 2
+            assert datum.numpy.astype(str).tolist() == np.asarray(value).astype(str).tolist()
+        assert [(e.step, e.value) for e in tb.Scalars("loss")] == [
+            (step, pytest.approx(float(mt.inputs(step)["values"][seed].mean()), rel=1e-6)) for step in (0, 1)]
+
+
+def test_a_bad_image_shape_is_refused_at_the_call(tmp_path):
+    logger = lox.loggers.from_config(spec(tmp_path), name="bad")
+    state = logger.init()
+    with pytest.raises(ValueError, match=r"key 'samples' got lox\.image\(\.\.\.\) of shape \(2, 3, 5\)"):
+        logger.spool(lambda x: lox.log({"samples": lox.image(x)}, step=0), state)(jnp.zeros((2, 3, 5)))
+    logger.finish(state)
 
 
 def hparams_sessions(logdir):

@@ -1,5 +1,6 @@
 """The wandb backend, with the real W&B client in offline mode: what W&B's own run
-files hold (read with wandb_records), after training, tapping, a crash and `lox sync`."""
+files hold (read with wandb_records), after training, tapping, a crash and `lox sync`;
+the media files W&B wrote into the run's folder, decoded (PIL, `wave`)."""
 
 import json
 import os
@@ -9,12 +10,15 @@ import subprocess
 import sys
 import threading
 import time
+import wave
 
 import jax
 import jax.numpy as jnp
+import media_testing as mt
 import numpy as np
 import pytest
 import wandb
+from PIL import Image, ImageSequence
 from wandb_records import BLOCK, offline_runs, records
 
 import lox
@@ -181,6 +185,94 @@ def test_scalars_of_every_kind_and_events_without_a_step(wandb_env, tmp_path):
     assert (row["big"], row["flag"], row["z/real"], row["z/imag"], row["lox_step"]) == (big, 1, 1.0, 2.0, 7.0)
     assert sum(row["nan/values"]) == 2 and (row["nan/bins"][0], row["nan/bins"][-1]) == (1.0, 3.0)
     assert (row["final"], row["val"], row["epoch"]) == (9.0, 0.5, 1)  # in the row of the latest step
+
+
+def pixels(path) -> list[np.ndarray]:
+    """The frames of a PNG or GIF file W&B keeps, as pixels (grey in the first channel)."""
+    return [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(Image.open(path))]
+
+
+def test_every_kind_becomes_w_and_b_media_in_the_row_of_its_step(wandb_env, tmp_path):
+    """Two seeds log every kind (spooled at step 0, tapped at step 1, text at
+    step 2): each W&B run's rows hold its seed's media beside the scalars,
+    and its folder the files, decoded back against what was logged."""
+    logger = lox.loggers.from_config(spec(tmp_path), name="media")
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), mt.SEEDS))
+    jax.jit(jax.vmap(lambda s, x: logger.spool(mt.log_every_kind, s)(x, 0)))(states, mt.inputs(0))
+    jax.vmap(lambda s, x: logger.tap(mt.log_every_kind, s)(x, 1))(states, mt.inputs(1))
+    mt.log_text(logger, states, 2)
+    logger.finish(states)
+
+    for seed, wb in enumerate(runs_of(wandb_env, logger)):
+        files = pathlib.Path(wb.path).parent / "files"
+        assert [row["_step"] for row in wb.history] == [0, 1, 2]  # one row per step, media and scalars together
+        for row in wb.history[:2]:
+            x = {name: value[seed] for name, value in mt.inputs(row["_step"]).items()}
+            assert row["loss"] == pytest.approx(float(x["values"].mean()), rel=1e-6)
+            # A batch of images: a list of N images under the key.
+            assert (row["samples/_type"], row["samples/count"]) == ("images/separated", mt.N)
+            assert (row["samples/width"], row["samples/height"]) == (mt.W, mt.H)
+            for name, want in zip(row["samples/filenames"], x["pixels"], strict=True):
+                (got,) = pixels(files / name)
+                np.testing.assert_array_equal(got, want)
+            assert row["mask/_type"] == "image-file"  # one image
+            (got,) = pixels(files / row["mask/path"])
+            np.testing.assert_array_equal(got, np.repeat(x["mask"][..., None], 3, axis=-1))
+            # Videos: GIFs (a batch: a list of them).
+            assert (row["rollouts/_type"], row["rollouts/count"]) == ("videos", mt.VIDEOS)
+            for video, want in zip(row["rollouts/videos"], x["frames"], strict=True):
+                assert video["_type"] == "video-file" and video["path"].endswith(".gif")
+                np.testing.assert_array_equal(np.stack(pixels(files / video["path"])), want)
+            assert row["clip/_type"] == "video-file"
+            np.testing.assert_array_equal(np.stack(pixels(files / row["clip/path"])),
+                                          np.repeat(x["clip"], 3, axis=-1))
+            assert Image.open(files / row["clip/path"]).info["duration"] == 1000 // mt.FPS
+            assert row["sound/_type"] == "audio-file"
+            with wave.open(str(files / row["sound/path"])) as clip:
+                assert (clip.getnchannels(), clip.getsampwidth(), clip.getframerate()) == (2, 2, mt.RATE)
+                samples = np.frombuffer(clip.readframes(clip.getnframes()), "<i2").reshape(-1, 2)
+            np.testing.assert_array_equal(samples, x["sound"])
+            counts, edges = mt.histogram(x["values"])  # the logged counts and edges, not recomputed
+            assert row["weights/_type"] == "histogram" and row["weights/values"] == counts.tolist()
+            assert row["weights/bins"] == pytest.approx(edges.tolist(), rel=1e-6)
+        text = wb.history[2]
+        want = mt.texts(2)
+        assert text["note"] == want["note"]  # one str: a string value
+        for key, columns, rows in [("lines", ["text"], [[line] for line in want["lines"][seed].tolist()]),
+                                   ("table", ["0", "1", "2"], want["table"][seed].tolist())]:
+            assert (text[f"{key}/_type"], text[f"{key}/nrows"], text[f"{key}/ncols"]) == (
+                "table-file", len(rows), len(columns))
+            table = json.loads((files / text[f"{key}/path"]).read_text())
+            assert (table["columns"], table["data"]) == (columns, rows)
+
+
+def test_histograms_of_more_bins_than_w_and_b_keeps_are_merged(wandb_env, tmp_path):
+    """W&B keeps at most 512 bins: 1000 become 500 of two bins each (counts
+    summed), the same span."""
+    logger = lox.loggers.from_config(spec(tmp_path), name="bins")
+    state = logger.init()
+    values = np.arange(1000, dtype=np.float32)
+    logger.spool(lambda v: lox.log({"h": lox.histogram(v, bins=1000)}, step=0), state)(values)
+    logger.finish(state)
+    (wb,) = runs_of(wandb_env, logger)
+    (row,) = wb.history
+    assert row["h/values"] == [2] * 500
+    assert row["h/bins"] == pytest.approx(np.linspace(0, 999, 1001)[::2].tolist(), rel=1e-6)
+
+
+def test_a_batch_of_more_images_than_w_and_b_keeps_of_a_list_is_cut_with_a_warning(wandb_env, tmp_path):
+    logger = lox.loggers.from_config(spec(tmp_path), name="many")
+    state = logger.init()
+    pixels = np.arange(110, dtype=np.uint8).reshape(110, 1, 1, 1)
+    with pytest.warns(RuntimeWarning, match=r"beyond the first 108 images of each, the most W&B keeps of a list: "
+                                            r"'many' \(1\)\. .* Log at most 108 images per key and step"):
+        logger.spool(lambda p: lox.log({"many": lox.image(p)}, step=0), state)(pixels)
+        logger.finish(state)
+    (wb,) = runs_of(wandb_env, logger)
+    (row,) = wb.history
+    files = pathlib.Path(wb.path).parent / "files"
+    assert row["many/count"] == 108
+    assert [np.asarray(Image.open(files / name)).item() for name in row["many/filenames"]] == list(range(108))
 
 
 def test_a_finished_run_file_is_complete_only_once_w_and_b_closed_it(wandb_env):
