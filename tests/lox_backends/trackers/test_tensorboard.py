@@ -527,6 +527,24 @@ def test_sync_after_the_record_of_what_was_written_is_lost_writes_each_event_onc
         assert len(tb.Tensors("_lox/run")) == 1
 
 
+def test_sync_after_the_record_is_lost_writes_each_image_audio_text_and_histogram_once(tmp_path):
+    target = spec(tmp_path)
+    log_every_kind_from_seeds(lox.loggers.from_config(target, name="media"))
+    for record in (tmp_path / "lox-runs").glob("*/_sent-tensorboard-*.jsonl"):
+        record.unlink()
+    sync(str(tmp_path / "lox-runs"), target)
+    (group,) = os.listdir(tmp_path / "tb")
+    for seed in range(mt.SEEDS):
+        folder = tmp_path / "tb" / group / f"media-{seed}"
+        assert len(event_files(folder)) == 2
+        tb = read(folder)
+        for tag in ("samples", "mask", "rollouts", "clip"):
+            assert [e.step for e in tb.Tensors(tag)] == [0, 1]
+        assert [e.step for e in tb.Audio("sound")] == [0, 1]
+        assert [e.step for e in tb.Histograms("weights")] == [0, 1]
+        assert [[e.step for e in tb.Tensors(tag)] for tag in ("note", "lines", "table")] == [[2]] * 3
+
+
 CRASHING = """
 import os, signal, sys, jax, jax.numpy as jnp, lox
 sys.path[:0] = {paths!r}  # this test module, and the helpers it imports
