@@ -75,7 +75,10 @@ def log(
 ) -> logdict:
     """Log the values in `data` from anywhere in JAX code.
 
-    `data` maps string keys to arrays, scalars or pytrees of them. Keyword
+    `data` maps string keys to arrays, scalars or pytrees of them, or to a
+    kind that backends show as what it is (`lox.image`, `lox.video`,
+    `lox.audio`, `lox.histogram`); outside any trace, also to text (a str).
+    Keyword
     arguments are named integer steps (``step=i, episode=i // 2``). `tags` lets
     `spool`/`tap` select events; an `explicit` event is only collected by a
     transform that names its key (`argnames`) or one of its tags. `prefix` is

@@ -30,12 +30,12 @@ def test_prefix_renames_keys():
     [
         (lambda: lox.log([1.0]), TypeError, r"takes a dict from str keys to arrays, got list"),
         (lambda: lox.log({3: 1.0}), TypeError, r"keys must be strings, got 3 \(int\)"),
-        (lambda: lox.log({"name": "adam"}), TypeError, r"got a str for key 'name'"),
+        (lambda: lox.log({"name": {"opt": "adam", "lr": 0.1}}), TypeError, r"got a str for key 'name'.*text \(a str, as"),
         (lambda: lox.log({"obj": object()}), TypeError, r"got a object for key 'obj'"),
         (lambda: lox.log({"x": None}), TypeError, r"got no array for key 'x' \(None\); log an array, a number"),
         (lambda: lox.log({"s": {}}, prefix="p/"), TypeError, r"got no array for key 'p/s' \(\{\}\)"),
         (lambda: lox.log({"deep": {"a": [1.0, None, "x"]}}), TypeError, r"got a str for key 'deep'"),
-        (lambda: lox.log({"s": np.array(["a", "b"])}), TypeError, r"dtype <U1 for key 's'"),
+        (lambda: lox.log({"s": np.array([b"a", b"b"])}), TypeError, r"dtype \|S1 for key 's'"),
         (lambda: lox.log({"x": 1.0}, step=1.5), TypeError, r"step 'step' must be an integer scalar, got 1.5"),
         (lambda: lox.log({"x": 1.0}, step=True), TypeError, r"step 'step' must be an integer scalar"),
         (
@@ -52,7 +52,7 @@ def test_bad_input_raises_a_clear_error(call, error, message):
 
 
 def test_bad_input_raises_inside_jit_too():
-    with pytest.raises(TypeError, match=r"got a str for key 'name'"):
+    with pytest.raises(TypeError, match=r"got text for 'name' inside a traced function"):
         lox.spool(lambda x: lox.log({"name": "adam"}))(1.0)
 
 
