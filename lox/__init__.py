@@ -3,9 +3,10 @@
 `lox.log` records values anywhere in JAX code; `lox.spool` returns them as
 outputs of one compiled program, `lox.tap` streams them to a callback, and
 `lox.nolog` removes them. `lox.image`, `lox.video`, `lox.audio` and
-`lox.histogram` mark what a value is, for backends to show it as such. `lox.loggers` sends them to backends (the console,
-Parquet files, plugins), `lox.load` reads saved runs back and `lox.runs`
-tabulates them (one row per run: metadata and summaries, to compare runs).
+`lox.histogram` mark what a value is, for backends to show it as such.
+`lox.loggers` sends them to backends (the console, Parquet files, plugins),
+`lox.load` reads saved runs back and `lox.runs` tabulates them (one row per
+run: metadata and summaries, to compare runs).
 
 ``import lox`` loads the core only: `lox.loggers`, `lox.load`, `lox.runs`, `lox.wandb` and
 `lox.neptune` (with pyarrow and the backends) load the first time they are used.
