@@ -7,6 +7,13 @@ run's number of steps (``?total=N``), its progress and time left. Elsewhere
 seconds (option ``?interval=SECONDS``, default 1) plus one when the run
 finishes, so a fast loop cannot flood the output; with ``?every=N`` also one
 at every N-th step, however fast the run, so a short run shows its course too.
+
+An array shows as ``[array]``; a key of a kind that trackers render shows its
+latest event in a few words (`lox_core.printing.media_summary`): ``img=image
+uint8[4, 28, 28, 1]``, ``clip=audio float32[16000] at 16000 Hz``, ``w=histogram
+of 1000 in [-3.2, 3.1]``, text as its first 60 characters on one line
+(``note='step 3: the loss...'``), or its shape for a table of strings
+(``text[2, 3]``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ import pyarrow.compute as pc
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
 from lox_core import printing, schema
+from lox_core.arrow import dictionary_codes, from_arrow
+from lox_core.media import RENDERED_KINDS, Media, is_text
+from lox_core.series import NO_STEP
 
 OPTIONS = {
     "interval": Option("seconds between plain lines per run", "float", 1.0, minimum=0),
@@ -155,13 +165,48 @@ def _update(latest: dict, table) -> None:
     keys = table.column("key").to_numpy(zero_copy_only=False)
     values = table.column("value").to_numpy(zero_copy_only=False)
     is_scalar = table.column("value").is_valid().to_numpy(zero_copy_only=False)
+    rendered = _rendered_rows(table)
     step_columns = schema.step_names(table)
     # The last row of each key (rows arrive ordered by step).
     _, last_reversed = np.unique(keys[::-1], return_index=True)
-    for i in sorted(len(keys) - 1 - last_reversed):
+    last_rows = sorted(len(keys) - 1 - last_reversed)
+    for i in last_rows:
+        if rendered is not None and rendered[i]:
+            continue
         steps = {n: table.column(n)[i].as_py() for n in step_columns}
-        shown = values[i] if is_scalar[i] else "[array]"
+        shown = values[i] if is_scalar[i] else ARRAY
         latest[str(keys[i])] = (shown, {n: v for n, v in steps.items() if v is not None})
+    if rendered is not None:
+        # The latest event of each image, histogram, text... key: its last rows only are decoded.
+        logs = from_arrow(table.take([i for i in last_rows if rendered[i]]))
+        for key, value in logs.items():
+            steps = {n: int(per_key[key][-1]) for n, per_key in logs.steps.items() if key in per_key}
+            event = value[-1] if isinstance(value, Media) else np.asarray(value[-1], value.dtype)  # text: not a str
+            latest[key] = (event, {n: v for n, v in steps.items() if v != NO_STEP})
+
+
+class _Array:
+    """What an array shows as: ``[array]`` (not a str, which would show as text)."""
+
+    def __str__(self) -> str:
+        return "[array]"
+
+    __repr__ = __str__
+
+
+ARRAY = _Array()
+
+
+def _rendered_rows(table) -> np.ndarray | None:
+    """Which rows hold a kind that trackers render (text, images...); None where none does."""
+    if schema.KIND not in table.column_names:
+        return None  # schema version 1: scalars and arrays only
+    codes, names = dictionary_codes(table.column(schema.KIND))
+    wanted = [i for i, name in enumerate(names) if name in RENDERED_KINDS]
+    if not wanted:
+        return None  # the common case, decided from the dictionary alone
+    found = np.isin(codes, wanted)
+    return found if found.any() else None
 
 
 def _ends_of_multiples(steps: np.ndarray, every: int) -> list[int]:
@@ -204,6 +249,8 @@ def plain_line(latest: dict) -> str:
 def _short(value) -> str:
     if isinstance(value, (float, np.floating)):
         return f"{value:.6g}"
+    if isinstance(value, Media) or is_text(value):
+        return printing.show(value)
     return str(value)
 
 

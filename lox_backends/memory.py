@@ -5,7 +5,9 @@ Nothing is written anywhere. Per run, `MemoryBackend` keeps the `RunInfo`
 (``runs``), every table it was given in arrival order (``writes``), its summary
 (``summaries``, as ``_run.json`` holds it: `lox_backends.runstore.summary`), and
 whether the run was closed (``closed``); ``logs(run_id)`` turns a run back into
-one `lox.logdict`.
+one `lox.logdict`, each key with its kind: images, video, audio and histograms
+as what they were logged as (``logs["samples"].pixels``), text as NumPy string
+arrays (``logs.kind`` names them). Summaries count scalar keys only.
 """
 
 from __future__ import annotations

@@ -194,6 +194,7 @@ import pyarrow as pa
 
 from lox_core import arrow_codec
 from lox_core.arrow_codec import FLAT as FLAT
+from lox_core.arrow_codec import KINDS_METADATA as KINDS_METADATA
 from lox_core.arrow_codec import TREES_METADATA as TREES_METADATA
 from lox_core.arrow_codec import dictionary_codes as dictionary_codes
 from lox_core.arrow_codec import flat_keys as flat_keys

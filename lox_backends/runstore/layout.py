@@ -95,6 +95,10 @@ rows together. Their schema metadata also holds, JSON values::
     lox.trees    TREES_METADATA (`lox_core.arrow`'s, the key of a table): the pytree
                  structures of the keys of every table written into the file; a key
                  they give different structures is listed as "flat"
+    lox.kinds    KINDS_METADATA (`lox_core.arrow`'s, the key of a table): the kind and
+                 options of the keys logged as images, video, audio or histograms, of
+                 every table written into the file (tables that give a key different
+                 kinds or options go into different files)
 
 Resumed runs
 ------------
@@ -181,6 +185,7 @@ TIME_METADATA = b"lox.time_ms"
 RUNS_METADATA = b"lox.runs"
 SCALARS_METADATA = b"lox.scalars"
 TREES_METADATA = b"lox.trees"  # lox_core.arrow.TREES_METADATA (not imported: this module loads no pyarrow)
+KINDS_METADATA = b"lox.kinds"  # lox_core.arrow.KINDS_METADATA
 SUMMARY_METADATA = b"lox.summary"
 PER_FILE_METADATA = (TIME_METADATA, RUNS_METADATA, SCALARS_METADATA, SUMMARY_METADATA)  # differs file to file
 RUNS_INDEX = "_runs.parquet"  # in a batches folder: the group's runs, one row each

@@ -309,7 +309,10 @@ class RunStoreWriter:
         describes them all; a key that they give different structures (train
         steps logging ``{"m": {"loss": x}}``, eval steps ``{"m": {"acc": y}}``)
         is listed as ``"flat"`` (`lox_core.arrow.FLAT`), and read flat, as
-        when its structure differs between files."""
+        when its structure differs between files. Likewise the kinds of their
+        keys (``lox.kinds``: images, video...) are listed together; a table
+        that gives a key another kind or other options (a Logger refuses that
+        within a run; runs of a group may differ) starts a new file."""
         self._send_uploads(group)  # files an earlier try made first, in order
         queue = [(run_id, table) for run_id, tables in group.pending.items() for table in tables]
         group.pending, group.pending_rows = {}, 0
@@ -317,20 +320,26 @@ class RunStoreWriter:
         try:
             part: list[tuple[str, pa.Table]] = []
             trees: dict[str, Any] = {}
-            parsed: dict[bytes, dict[str, Any]] = {}  # lox.trees as the tables hold it -> its keys' trees
+            kinds: dict[str, Any] = {}
+            parsed: dict[bytes, dict[str, Any]] = {}  # lox.trees / lox.kinds as tables hold them, parsed
             for run_id, table in queue:
-                if part and not _joinable(table, part[0][1]):
-                    self._write_file(group, part, trees)
+                raw_kinds = (table.schema.metadata or {}).get(layout.KINDS_METADATA)
+                these_kinds = {} if raw_kinds is None else (
+                    parsed[raw_kinds] if raw_kinds in parsed else parsed.setdefault(raw_kinds, json.loads(raw_kinds)))
+                clash = any(kinds.get(key, spec) != spec for key, spec in these_kinds.items())
+                if part and (clash or not _joinable(table, part[0][1])):
+                    self._write_file(group, part, trees, kinds)
                     written += len(part)
-                    part, trees = [], {}
+                    part, trees, kinds = [], {}, {}
                 part.append((run_id, table))
+                kinds.update(these_kinds)
                 raw = (table.schema.metadata or {}).get(layout.TREES_METADATA)
                 if raw is not None:
                     these = parsed[raw] if raw in parsed else parsed.setdefault(raw, json.loads(raw))
                     for key, tree in these.items():
                         trees[key] = tree if trees.get(key, tree) == tree else FLAT
             if part:
-                self._write_file(group, part, trees)
+                self._write_file(group, part, trees, kinds)
                 written += len(part)
         except BaseException:
             for run_id, table in queue[written:]:  # kept, in order, for the next try (nothing is lost)
@@ -339,7 +348,8 @@ class RunStoreWriter:
             raise
         self._send_uploads(group)
 
-    def _write_file(self, group: _BatchesFolder, part: list[tuple[str, pa.Table]], trees: dict[str, Any]) -> None:
+    def _write_file(self, group: _BatchesFolder, part: list[tuple[str, pa.Table]], trees: dict[str, Any],
+                    kinds: dict[str, Any]) -> None:
         rows: dict[str, list[int]] = {}
         start = 0
         for run_id, table in part:
@@ -354,6 +364,8 @@ class RunStoreWriter:
                     layout.RUNS_METADATA: json.dumps(rows).encode()}
         if trees:  # the structures of every table's keys
             metadata[layout.TREES_METADATA] = json.dumps(trees).encode()
+        if kinds:  # the kinds of every table's keys (images, video...)
+            metadata[layout.KINDS_METADATA] = json.dumps(kinds).encode()
         if scalars_only(table):
             metadata[layout.SCALARS_METADATA] = b"1"  # lox.load then skips the shape and data columns
         summaries = of_table(table)  # each run's summary of this file: its footer, and the running summaries
@@ -641,16 +653,18 @@ class _BatchesFolder:
 # --- helpers ---------------------------------------------------------------------------
 def _joinable(table: pa.Table, first: pa.Table) -> bool:
     """Whether `table` can share a file with `first` and the tables after it:
-    one schema, metadata but ``lox.trees`` included (the file lists the trees
-    of all its tables, a key of several structures as ``"flat"``)."""
+    one schema, metadata but ``lox.trees`` and ``lox.kinds`` included (the
+    file lists the trees and kinds of all its tables, a key of several
+    structures as ``"flat"``)."""
     a, b = table.schema, first.schema
-    if layout.TREES_METADATA in (a.metadata or {}) or layout.TREES_METADATA in (b.metadata or {}):
-        a, b = _without_trees(a), _without_trees(b)
+    merged = (layout.TREES_METADATA, layout.KINDS_METADATA)
+    if any(name in (a.metadata or {}) or name in (b.metadata or {}) for name in merged):
+        a, b = _without(a, merged), _without(b, merged)
     return a.equals(b, check_metadata=True)
 
 
-def _without_trees(schema: pa.Schema) -> pa.Schema:
-    return schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k != layout.TREES_METADATA})
+def _without(schema: pa.Schema, names: tuple[bytes, ...]) -> pa.Schema:
+    return schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k not in names})
 
 
 def _check_name(name: str, what: str, hidden: tuple[str, ...] = (".",)) -> None:

@@ -17,6 +17,7 @@ from lox_backends.runstore.reader import runs as saved_runs
 from lox_backends.runstore.table import flatten, run_table, select
 from lox_core.arrow import flatten_keys
 from lox_core.logdict import NO_STEP, event_count, logdict
+from lox_core.media import RENDERED_KINDS
 
 DEFAULT_STEP = "step"
 # Fewer points than this are drawn raw, marked: a moving average over a few points lags far behind them.
@@ -49,7 +50,9 @@ def plot_runs(
     `run_ids` choose the runs plotted, and so do `where` and `best` from the
     table of runs; `smoothing`, `title`, `logy`, `ylim`, `label`, `where` and
     `best`: see `plot_figure`. A key logged as a pytree is plotted leaf by
-    leaf, each named ``key/path`` (``norms/l1/kernel``)."""
+    leaf, each named ``key/path`` (``norms/l1/kernel``). Keys of images,
+    video, audio, histograms and text are not curves: they are left out, with
+    a `PlotNote` naming them, and asking for one is an error."""
     path = os.fspath(path)
     figure = plot_figure(path, key=key, step=step, run_ids=run_ids, runs=runs, groups=groups, smoothing=smoothing,
                          title=title, logy=logy, ylim=ylim, label=label, where=where, best=best)
@@ -144,6 +147,7 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
     by_run = _choose(path, by_run, infos, run_ids, runs, groups)
     if where is not None or best is not None:
         by_run = _choose_by_table(path, by_run, where, best)
+    by_run = _without_rendered(by_run, keys)
     by_run = {run: flatten_keys(logs) for run, logs in by_run.items()}  # keys as key/path series
 
     curves = [(k, _runs_with(path, by_run, infos, k, step)) for k in keys]
@@ -218,8 +222,8 @@ def plot_figure(path: str | os.PathLike, key: str | Sequence[str] = "loss", step
 
 class PlotNote(UserWarning):
     """What `plot_figure` says about a plot that the plot does not show: the
-    curves that leave the y axis' default limits (``lox plot`` prints it on
-    stderr)."""
+    curves that leave the y axis' default limits, the keys of images, text...
+    left out (``lox plot`` prints it on stderr)."""
 
 
 class _Curve(NamedTuple):
@@ -367,6 +371,35 @@ def _by_metadata(path: str, plotted: list[str], infos: dict, key: str) -> tuple[
     legend = {run: shown.get(run, NOT_SET) for run in plotted}
     colours = {run: palette.get(legend[run], "grey") for run in plotted}
     return colours, legend, {text: i for i, text in enumerate(order)}, key
+
+
+_ARTICLES = {"image": "an ", "audio": ""}
+
+
+def _without_rendered(by_run: dict[str, logdict], keys: list[str]) -> dict[str, logdict]:
+    """The runs' logs without the keys of kinds that are not curves (images,
+    text...), named in a `PlotNote`; a LookupError where `keys` ask for one."""
+    found: dict[str, str] = {}  # key -> its kind
+    for logs in by_run.values():
+        found.update((key, kind) for key, kind in logs.kind.items() if kind in RENDERED_KINDS)
+    if not found:
+        return by_run
+    for key in keys:
+        owner = next((k for k in found if key == k or key.startswith(k + "/")), None)
+        if owner is not None:
+            curves = sorted({k for logs in by_run.values() for k in logs if k not in found})
+            kind = found[owner]
+            what = "text" if kind == "text" else f"{_ARTICLES.get(kind, 'a ')}{kind} (logged as lox.{kind}(...))"
+            raise LookupError(
+                f"{key!r} holds {what}, which lox plot does not draw as a curve; see it in a tracker "
+                "(TensorBoard, W&B...) or read it with lox.load. The keys lox plot draws: "
+                f"{', '.join(curves) or 'none'}."
+            )
+    warnings.warn(
+        "left out, not curves: " + ", ".join(f"{key} ({kind})" for key, kind in found.items()),
+        PlotNote, stacklevel=3,
+    )
+    return {run: logs.filter(lambda k, _: k not in found) for run, logs in by_run.items()}
 
 
 def _runs_with(path: str, by_run: dict, infos: dict, key: str, step: str) -> tuple[dict, bool]:

@@ -159,3 +159,42 @@ def test_a_terminal_shows_each_runs_rate_and_with_a_total_its_progress_and_time_
     assert 0 < rate <= 100 / 0.2  # 100 steps in at least 0.2 s
     left = re.search(r"50% (\d+):(\d\d) left", shown)  # step 199 of 400: half done
     assert left is not None and int(left.group(1)) * 60 + int(left.group(2)) >= round(200 / rate) - 1
+
+
+def kinds_batch(run="r"):
+    """Steps 0 and 1 of a loss, a batch of images, a histogram, a clip, a text and a table of text."""
+    strings = np.dtypes.StringDType()
+    counts = np.array([[1, 2], [400, 600]], np.int32)
+    edges = np.array([[0.0, 0.5, 1.0], [-3.25, 0.0, 3.5]], np.float32)
+    logs = lox.logdict(
+        {"loss": np.array([2.0, 1.0]), "img": lox.image(np.zeros((2, 4, 28, 28, 1), np.uint8)),
+         "h": lox.histogram(np.zeros(1), bins=2).replace_arrays([counts, edges]),
+         "clip": lox.audio(np.zeros((2, 16000), np.float32), rate=16000),
+         "note": np.array(["first", "a  long\nnote " + "x" * 80], strings),
+         "tab": np.array([[["a", "b", "c"], ["d", "e", "f"]]] * 2, strings)},
+        {"step": {k: np.array([0, 1]) for k in ("loss", "img", "h", "clip", "note", "tab")}},
+    )
+    return schema.order_by_step(to_arrow(logs, run=run))
+
+
+def test_kinds_show_their_latest_event_in_a_few_words(monkeypatch):
+    backend = ConsoleBackend(None, {"interval": "0"})
+    backend.stream = io.StringIO()
+    run = hooks.RunInfo("r", "media", "g")
+    backend.open_run(run)
+    backend.write(run, kinds_batch())
+    note = "a long note " + "x" * 47 + "…"  # one line, 60 characters
+    assert backend.stream.getvalue().splitlines() == [
+        f"[media] [step=1] loss=1 img=image uint8[4, 28, 28, 1] h=histogram of 1000 in [-3.25, 3.5] "
+        f"clip=audio float32[16000] at 16000 Hz note='{note}' tab=text[2, 3]"
+    ]
+    monkeypatch.setenv("COLUMNS", "400")  # the live table's width: no cell wrapped
+    live = ConsoleBackend(None, {"interval": "0"})
+    live.stream = io.StringIO()
+    live.live_table = True
+    live.open_run(run)
+    live.write(run, kinds_batch())
+    live.close()
+    shown = live.stream.getvalue()
+    for text in ("image uint8[4, 28, 28, 1]", "histogram of 1000", "text[2, 3]", "'a long note"):
+        assert text in shown

@@ -109,3 +109,28 @@ def test_the_plugin_offers_the_backend():
 def test_a_target_or_options_are_refused(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         lox.loggers.from_config(spec)
+
+
+def test_a_logger_gives_each_seed_its_media_and_text_back_with_their_kinds():
+    logger = lox.loggers.from_config("memory", name="media")
+    states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+    pixels = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 3, 4, 4, 1)  # (seeds, N, H, W, C)
+    values = np.linspace(0.0, 1.0, 2 * 20, dtype=np.float32).reshape(2, 20) ** 2
+
+    def step(x, v, i):
+        lox.log({"img": lox.image(x), "h": lox.histogram(v, bins=3), "loss": jnp.mean(v)}, step=i)
+        return i
+
+    jax.jit(jax.vmap(lambda s, x, v: logger.spool(step, s)(x, v, 0)))(states, pixels, values)
+    logger.log(states, {"note": "hello"}, step=1)
+    logger.finish(states)
+    backend = logger.backends[0]
+    for seed, run in enumerate(logger.runs()):
+        logs = backend.logs(run.run_id)
+        assert logs.kind == {"img": "image", "h": "histogram", "loss": "scalar", "note": "text"}
+        np.testing.assert_array_equal(logs["img"].pixels, pixels[seed][None])
+        counts, edges = np.histogram(values[seed], bins=3)
+        np.testing.assert_array_equal(logs["h"].counts, counts[None])
+        np.testing.assert_allclose(logs["h"].edges, edges[None], rtol=1e-6)
+        assert logs["note"].tolist() == ["hello"] and logs.step["note"].tolist() == [1]
+        assert list(backend.summaries[run.run_id]["keys"]) == ["loss"]  # never text or media

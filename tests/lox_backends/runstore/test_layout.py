@@ -88,8 +88,10 @@ def test_batch_files_hold_the_metadata_the_layout_lists(tmp_path):
     write_runs(tmp_path, closed=("a",), running=())
     keys = documented("Batch files")
     assert [key.encode() for key in keys] == [layout.TIME_METADATA, layout.RUNS_METADATA,
-                                              layout.SCALARS_METADATA, layout.SUMMARY_METADATA, layout.TREES_METADATA]
+                                              layout.SCALARS_METADATA, layout.SUMMARY_METADATA, layout.TREES_METADATA,
+                                              layout.KINDS_METADATA]
     assert layout.TREES_METADATA == arrow.TREES_METADATA.encode()  # the table's key, which a file extends
+    assert layout.KINDS_METADATA == arrow.KINDS_METADATA.encode()
     (path,) = (tmp_path / layout.batches_folder("g")).glob("batch-*.parquet")
     metadata = pq.read_schema(path).metadata
     table = lox.logdict({"m": {"loss": np.arange(3.0)}}, steps={"step": {"m": np.arange(3)}}).to_arrow()

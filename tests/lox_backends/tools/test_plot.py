@@ -285,3 +285,38 @@ def test_where_and_best_choose_the_runs_a_by_hand_reading_of_their_values_choose
     status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--best", "two", "loss.min")
     assert (status, out) == (2, "") and err == (
         "lox plot: error: --best takes how many runs and a column, e.g. --best 3 loss.min; got 'two' runs.\n")
+
+
+# --- kinds that are not curves ------------------------------------------------------------------
+
+def save_media_run(folder):
+    """A run logging a loss, an image, a histogram and a text at steps 0..2."""
+    logger = lox.loggers.SaveLogger(folder)
+    state = logger.init(name="media")
+    steps = np.arange(3)
+    counts, edges = np.ones((3, 2), np.int32), np.tile(np.array([0.0, 0.5, 1.0]), (3, 1))
+    logger.log(state, lox.logdict(
+        {"loss": np.array([3.0, 2.0, 1.0]), "img": lox.image(np.zeros((3, 4, 4, 1), np.uint8)),
+         "h": lox.histogram(np.zeros(1), bins=2).replace_arrays([counts, edges])},
+        {"step": {"loss": steps, "img": steps, "h": steps}}))
+    logger.log(state, {"note": "hello"}, step=2)
+    logger.finish(state)
+    logger.close()
+
+
+def test_media_and_text_are_left_out_with_a_note_and_asking_for_one_is_an_error(capsys, tmp_path):
+    save_media_run(tmp_path / "runs")
+    figure, notes = figure_of(tmp_path / "runs", logy=False)
+    assert notes == ["left out, not curves: img (image), h (histogram), note (text)"]
+    (line,) = curves(figure).values()
+    assert line.get_ydata().tolist() == [3.0, 2.0, 1.0]
+    output = tmp_path / "loss.png"
+    status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "-o", str(output))
+    assert (status, out) == (0, f"{output}\n")
+    assert err == "lox plot: note: left out, not curves: img (image), h (histogram), note (text)\n"
+    for key, what in (("img", "an image (logged as lox.image(...))"), ("h/counts", "a histogram"),
+                      ("note", "text")):
+        status, out, err = cli(capsys, "plot", str(tmp_path / "runs"), "--key", key)
+        assert status == 2 and err.startswith(f"lox plot: error: {key!r} holds {what}")
+        assert err.endswith("which lox plot does not draw as a curve; see it in a tracker (TensorBoard, W&B...) "
+                            "or read it with lox.load. The keys lox plot draws: loss.\n")
