@@ -554,6 +554,12 @@ def imports():
     row("import lox.loggers (the Logger layer, pyarrow)", f"+{(loggers_s - jax_s) * 1e3:.0f} ms", loggers_s / jax_s)
 
 
+def media():
+    from benchmarks.media import media  # image batches in the logger's loop, on-device histograms
+
+    media()
+
+
 def runs():
     from benchmarks.runs import runs  # writes 1,024 runs, and starts an S3 server
 
@@ -569,7 +575,7 @@ def frameworks():
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
             "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
-            "trackers": trackers, "tensorboard": tensorboard, "runs": runs, "frameworks": frameworks,
+            "trackers": trackers, "tensorboard": tensorboard, "media": media, "runs": runs, "frameworks": frameworks,
             "imports": imports}
 
 
