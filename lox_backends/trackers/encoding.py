@@ -64,6 +64,18 @@ def grid(images: np.ndarray, gap: int = 1) -> np.ndarray:
     return out
 
 
+def video_grid(videos: np.ndarray, gap: int = 1) -> np.ndarray:
+    """A batch of videos ``(N, T, H, W, C)`` as one video ``(T, ...)``: frame t is
+    the `grid` of the N videos' frames t (what trackers showing one file per
+    event show of a batch).
+
+    >>> video_grid(np.zeros((4, 3, 2, 2, 1), np.uint8)).shape  # 4 videos of 3 frames: 2 x 2 of them
+    (3, 5, 5, 1)
+    """
+    videos = np.asarray(videos)
+    return np.stack([grid(videos[:, t], gap) for t in range(videos.shape[1])])
+
+
 def _pil_image(hwc: np.ndarray):
     try:
         from PIL import Image

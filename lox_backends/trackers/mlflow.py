@@ -24,6 +24,31 @@ What goes where:
 * Array-valued events (and complex scalars) go to the run's artifacts as Parquet files,
   ``lox/<batch file>.parquet``, in lox's Arrow schema (``lox.load`` reads a
   folder of them; so do pandas and DuckDB).
+* Images, video, audio, histograms and text (`lox.image`... and strings;
+  `lox_backends.trackers.tables.media`) are encoded in the sending thread
+  and become artifacts, one per event, ``K`` being the key with characters
+  other than letters, digits, ``_-./`` and space made ``_``:
+
+  - an image: ``log_image(key=K, step=...)`` (MLflow's image charts, with a
+    step slider); a batch ``(N, H, W, C)`` is one grid, ``ceil(sqrt(N))``
+    images wide with 1-pixel black gaps;
+  - a video: a looping GIF at its fps, ``media/K/step_<step>.gif`` (a batch:
+    one GIF whose every frame is the grid of the N videos' frames);
+  - audio: 16-bit PCM ``media/K/step_<step>.wav``;
+  - a histogram: ``media/K/step_<step>.json``, ``{"counts": [...], "edges": [...]}``
+    (bin i counts ``edges[i] <= v < edges[i + 1]``);
+  - text: ``log_text``, ``media/K/step_<step>.txt``; an ``(n,)`` or ``(rows,
+    cols)`` array of strings: ``log_table``, ``media/K/step_<step>.json``
+    (columns ``"0"``, ``"1"``...).
+
+  A second event of a key at one step in a batch is ``step_<step>-1``...;
+  events without a step are named by their batch file,
+  ``<batch file>-<i>``. These names are the same each time a batch is sent,
+  so a batch sent again replaces its files; its images (``log_image`` names
+  them at random) are sent only when the run's ``images/`` artifacts lack
+  an image of that key, step and timestamp (each image of a batch gets the
+  batch's timestamp plus its position among the key's images at that step).
+  A table already at its name is kept (``log_table`` would append to it).
 * The run's summary, when it ends (``loss.last``, ``loss.min``, ``loss.max``,
   ``loss.count`` of each key, and the values given by ``logger.summary``)
   becomes metrics of those names at step 0 (bools as 0 and 1; MLflow's runs
@@ -46,7 +71,8 @@ batch sent again (after a crash, with ``lox sync``) repeats exactly the values
 MLflow's database already holds, which it then ignores: metrics arrive once.
 (MLflow's file store, ``./mlruns``, does not ignore them; use a database or a
 server.) The same value logged twice for one key and step within one batch is
-stored once.
+stored once. Media artifacts arrive once too (see above), also when ``lox
+sync`` was stopped halfway through a batch and runs again.
 """
 
 from __future__ import annotations
@@ -55,6 +81,7 @@ import contextlib
 import json
 import math
 import os
+import posixpath
 import re
 import tempfile
 import time
@@ -66,7 +93,8 @@ import pyarrow.parquet as pq
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
 from lox_backends.runstore import layout
-from lox_backends.trackers.tables import Batch, arrays, scalars
+from lox_backends.trackers import encoding
+from lox_backends.trackers.tables import Batch, MediaEvent, arrays, file_stems, media, scalars
 from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core.logdict import NO_STEP
 
@@ -76,6 +104,7 @@ MAX_PARAMS = 100
 MAX_PARAM_VALUE = 6000
 STATUSES = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}  # lox's → MLflow's run status
 _INVALID = re.compile(r"[^\w./\- :]")  # what MLflow refuses in metric and param names
+_INVALID_MEDIA = re.compile(r"[^A-Za-z0-9_\-./ ]")  # in image keys (`log_image`) and artifact paths
 
 
 class MlflowBackend(TrackerBackend):
@@ -100,6 +129,7 @@ class MlflowBackend(TrackerBackend):
         self._client = MlflowClient(tracking_uri=_absolute(target)) if target else MlflowClient()
         self._experiment_id: str | None = None
         self._created: dict[str, str] = {}  # lox run id → MLflow run id created by this backend
+        self._images: dict[str, set[str]] = {}  # MLflow run id → names of its `images/` artifacts
 
     def destination(self) -> str:
         return f"{self._client.tracking_uri} experiment={self.experiment}"
@@ -183,6 +213,74 @@ class MlflowBackend(TrackerBackend):
                 path = os.path.join(folder, batch.name)
                 pq.write_table(array_rows, path)
                 self._client.log_artifact(remote["run_id"], path, artifact_path="lox")
+        events = media(batch.table)
+        if events:
+            try:
+                with tempfile.TemporaryDirectory(prefix="lox-mlflow-") as folder:
+                    for event, (stem, repeat) in zip(events, file_stems(events, batch.name), strict=True):
+                        self._log_media(remote["run_id"], event, stem, batch.time_ms + repeat, folder)
+            except BaseException:
+                self._images.pop(remote["run_id"], None)  # what reached MLflow is listed again on the retry
+                raise
+
+    def _log_media(self, run_id: str, event: MediaEvent, stem: str, time_ms: int, folder: str) -> None:
+        """One event of a rendered kind, encoded here (in the sending thread), as
+        the module docstring says; `stem` names its file, `time_ms` is its timestamp."""
+        key = _media_key(event.key)
+        base = f"media/{key}/{stem}"
+        value = event.value
+        if event.kind == "image":
+            pixels = encoding.to_uint8(encoding.grid(encoding.as_nhwc(value.pixels)))
+            self._log_image(run_id, key, event.step or 0, time_ms, pixels)
+        elif event.kind == "video":
+            frames = encoding.video_grid(encoding.as_nthwc(value.frames))
+            self._log_file(run_id, base + ".gif", encoding.gif(frames, value.fps), folder)
+        elif event.kind == "audio":
+            self._log_file(run_id, base + ".wav", encoding.wav(value.samples, value.rate), folder)
+        elif event.kind == "histogram":
+            counts = {"counts": np.asarray(value.counts).tolist(), "edges": np.asarray(value.edges).tolist()}
+            self._client.log_text(run_id, json.dumps(counts), base + ".json")
+        elif event.kind == "text":
+            text = np.asarray(value)
+            if text.ndim == 0:
+                self._client.log_text(run_id, str(text.item()), base + ".txt")
+            else:
+                self._log_table(run_id, text.reshape(len(text), -1), base + ".json")
+
+    def _log_image(self, run_id: str, key: str, step: int, time_ms: int, pixels: np.ndarray) -> None:
+        """`log_image` with its step, unless this image reached MLflow before
+        (`log_image` names its files with a random part: a batch sent again would
+        add a second image)."""
+        present = self._images.get(run_id)
+        if present is None:
+            present = self._images[run_id] = {posixpath.basename(f.path)
+                                              for f in self._client.list_artifacts(run_id, "images")}
+        # MLflow's names: images/<key, "/" as "~">+step+<step>+timestamp+<ms>+<uuid>.png (before 3.x,
+        # "#" and "%"); lox gives each image of a batch its own timestamp.
+        prefixes = tuple(f"{key.replace('/', slash)}{sep}step{sep}{step}{sep}timestamp{sep}{time_ms}{sep}"
+                         for slash in "~#" for sep in "+%")
+        if any(name.startswith(prefixes) and name.endswith(".png") for name in present):
+            return
+        self._client.log_image(run_id, pixels, key=key, step=step, timestamp=time_ms, synchronous=True)
+        present.add(prefixes[0] + ".png")  # as found when listed: this image is there
+
+    def _log_file(self, run_id: str, path: str, content: bytes, folder: str) -> None:
+        """`content` as the artifact `path` (replaced when it is there)."""
+        local = os.path.join(folder, posixpath.basename(path))
+        with open(local, "wb") as file:
+            file.write(content)
+        self._client.log_artifact(run_id, local, artifact_path=posixpath.dirname(path))
+
+    def _log_table(self, run_id: str, rows: np.ndarray, path: str) -> None:
+        """Rows of strings as `log_table`'s JSON (columns ``"0"``, ``"1"``...),
+        unless `path` is there: `log_table` would append the rows to it."""
+        if any(f.path == path for f in self._client.list_artifacts(run_id, posixpath.dirname(path))):
+            return
+        import pandas as pd  # MLflow's own dependency, which `log_table` imports
+
+        columns = {str(c): [str(v) for v in rows[:, c]] for c in range(rows.shape[1])}
+        # Of object dtype: pandas' string dtype makes log_table warn.
+        self._client.log_table(run_id, pd.DataFrame(columns, dtype=object), path)
 
     def send_summary(self, run: hooks.RunInfo, remote: dict, values: dict) -> None:
         from mlflow.entities import Metric, RunTag
@@ -246,6 +344,17 @@ def _name(key: str) -> str:
     """A metric or param name MLflow accepts: refused characters become ``_``,
     and so do empty, ``.`` and ``..`` path parts (``a//b`` is ``a/_/b``)."""
     parts = [part if part not in ("", ".", "..") else "_" for part in _INVALID.sub("_", key).split("/")]
+    return "/".join(parts)[:250]
+
+
+def _media_key(key: str) -> str:
+    """A key as `log_image` takes it and as a path below ``media/``: other
+    characters become ``_``, and so do empty, ``.`` and ``..`` path parts.
+
+    >>> _media_key("samples/é:grid//x")
+    'samples/__grid/_/x'
+    """
+    parts = [part if part not in ("", ".", "..") else "_" for part in _INVALID_MEDIA.sub("_", key).split("/")]
     return "/".join(parts)[:250]
 
 

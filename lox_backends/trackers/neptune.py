@@ -27,6 +27,27 @@ What goes where, in each Neptune run:
 * Array-valued (and complex) events are uploaded as Parquet files in lox's
   Arrow schema, one File field per batch file: ``lox/arrays/<batch file>``
   (read one with ``lox.logdict.from_arrow(pyarrow.parquet.read_table(f))``).
+* Images, video, audio, histograms and text (`lox.image`... and strings;
+  `lox_backends.trackers.tables.media`) are encoded in the sending thread,
+  under ``media/<key>``:
+
+  - an image: a PNG appended to the file series ``media/<key>`` at its step
+    (Neptune's image series); a batch ``(N, H, W, C)`` is one grid,
+    ``ceil(sqrt(N))`` images wide with 1-pixel black gaps;
+  - a video: a looping GIF at its fps in the same kind of file series (a
+    batch: one GIF whose every frame is the grid of the N videos' frames);
+  - text (a str): the string series ``media/<key>`` (Neptune keeps 1000
+    characters of each value);
+  - audio (16-bit PCM WAV), a histogram (JSON, ``{"counts": [...], "edges":
+    [...]}``: Neptune has no histogram type, and a file keeps them exact) and
+    a table of text (``(n,)`` or ``(rows, cols)`` strings, as CSV rows
+    without a header): a File field per event, ``media/<key>/step_<step>``
+    (Neptune's file series take images only). A second event of a key at one
+    step in a batch is ``step_<step>-1``...; events without a step are
+    named by their batch file, ``<batch file>-<i>``.
+
+  Series of images, video and text follow the float series' rules below
+  (one value per step, increasing); a batch sent again replaces its files.
 * Neptune series cannot hold NaN or infinity, and keep one value per step in
   strictly increasing step order: such values are not sent (one warning per
   series; every value stays in the local log).
@@ -52,7 +73,7 @@ acknowledged by the server). A batch that was being sent when the process died
 is sent again by ``lox sync``: online, ``custom_run_id`` resumes the same
 Neptune run and the server drops the values whose step is not above the
 series' last one, so they arrive once (stepless events, and File fields,
-which are replaced, aside). Offline runs cannot be resumed: ``lox sync`` writes
+which are replaced, aside): images, video and text too. Offline runs cannot be resumed: ``lox sync`` writes
 what was missing into a new offline run with the same name, ``lox/run_id`` and
 group, which ``neptune sync`` uploads as a run of its own.
 """
@@ -60,6 +81,7 @@ group, which ``neptune sync`` uploads as a run of its own.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import io
 import json
@@ -76,7 +98,8 @@ import pyarrow.parquet as pq
 
 from lox_backends.plugin import hooks
 from lox_backends.plugin.config import Option
-from lox_backends.trackers.tables import Batch, arrays, scalars
+from lox_backends.trackers import encoding
+from lox_backends.trackers.tables import Batch, arrays, file_stems, media, scalars
 from lox_backends.trackers.template import TrackerBackend, ended_status
 from lox_core.logdict import NO_STEP
 
@@ -242,38 +265,81 @@ class NeptuneBackend(TrackerBackend):
                 # batch sent again replaces its field.
                 field = "lox/arrays/" + batch.name.removesuffix(".parquet")
                 neptune_run[field].upload(self._File.from_content(buffer.getvalue(), extension="parquet"))
+            self._send_media(neptune_run, run, batch, timestamp, last, sent)
             neptune_run.wait()  # offline: flushed to the OS; online: acknowledged by the server
         last.update(sent)
 
     def _extend(self, neptune_run, run, path, steps, values, timestamp, last, sent) -> None:
-        """Append one series' points of a batch (steps NO_STEP: appended without a step)."""
+        """Append one float series' points of a batch (steps NO_STEP: appended without a step)."""
         finite = np.isfinite(values)
         if not finite.all():
             self._warn(run, path, "nan", f"{np.count_nonzero(~finite)} NaN or infinite value(s)")
             steps, values = steps[finite], values[finite]
-        stepless = steps == NO_STEP
-        order = np.argsort(steps[~stepless], kind="stable")  # equal steps keep their order
-        stepped, stepped_values = steps[~stepless][order], values[~stepless][order]
+        self._append(neptune_run, run, path, steps, values.tolist(), timestamp, last, sent)
+
+    def _append(self, neptune_run, run, path, steps, values: list, timestamp, last, sent) -> None:
+        """Append one series' points of a batch, `values` of any type the series
+        takes (steps NO_STEP: appended without a step)."""
+        stepless = np.flatnonzero(steps == NO_STEP)
+        stepped = np.flatnonzero(steps != NO_STEP)
+        stepped = stepped[np.argsort(steps[stepped], kind="stable")]  # equal steps keep their order
         if stepped.size:
             # Neptune keeps strictly increasing steps only: the first value of
             # each step, above what this run's series already holds.
-            floor = last.get(path, stepped[0] - 1)
-            keep = (stepped > floor) & (stepped > np.concatenate([[floor], stepped[:-1]]))
+            at = steps[stepped]
+            floor = last.get(path, at[0] - 1)
+            keep = (at > floor) & (at > np.concatenate([[floor], at[:-1]]))
             if not keep.all():
-                if path.startswith("metrics/"):  # step series repeat across keys: no warning
+                if not path.startswith("steps/"):  # step series repeat across keys: no warning
                     dropped = np.count_nonzero(~keep)
                     self._warn(run, path, "step", f"{dropped} value(s) at a step not above the previous one")
-                stepped, stepped_values = stepped[keep], stepped_values[keep]
+                stepped = stepped[keep]
         try:
             if stepped.size:
-                neptune_run[path].extend(stepped_values.tolist(), steps=stepped.tolist(),
+                neptune_run[path].extend([values[i] for i in stepped], steps=steps[stepped].tolist(),
                                          timestamps=[timestamp] * stepped.size)
-                sent[path] = int(stepped[-1])
-            if stepless.any():
-                n = int(np.count_nonzero(stepless))
-                neptune_run[path].extend(values[stepless].tolist(), timestamps=[timestamp] * n)
+                sent[path] = int(steps[stepped[-1]])
+            if stepless.size:
+                neptune_run[path].extend([values[i] for i in stepless], timestamps=[timestamp] * stepless.size)
         except self._Inconsistency as error:  # refused for good (retrying would not help)
             self._warn(run, path, "refused", f"values refused by Neptune ({error})")
+
+    def _send_media(self, neptune_run, run, batch: Batch, timestamp: float, last, sent) -> None:
+        """The batch's events of rendered kinds, encoded here (in the sending
+        thread), as the module docstring says."""
+        events = media(batch.table)
+        series: dict[str, tuple[list[int], list]] = {}  # path → steps and values of its events
+        for event, (stem, _) in zip(events, file_stems(events, batch.name), strict=True):
+            path = "media/" + _path(event.key)
+            value = event.value
+            if event.kind in ("image", "video") or (event.kind == "text" and np.ndim(value) == 0):
+                if event.kind == "image":
+                    item = self._File.from_content(encoding.png(encoding.grid(encoding.as_nhwc(value.pixels))),
+                                                   extension="png")
+                elif event.kind == "video":
+                    frames = encoding.video_grid(encoding.as_nthwc(value.frames))
+                    item = self._File.from_content(encoding.gif(frames, value.fps), extension="gif")
+                else:
+                    item = str(np.asarray(value).item())
+                steps, items = series.setdefault(path, ([], []))
+                steps.append(NO_STEP if event.step is None else event.step)
+                items.append(item)
+                continue
+            if event.kind == "audio":
+                content, extension = encoding.wav(value.samples, value.rate), "wav"
+            elif event.kind == "histogram":
+                counts = {"counts": np.asarray(value.counts).tolist(), "edges": np.asarray(value.edges).tolist()}
+                content, extension = json.dumps(counts).encode(), "json"
+            else:  # text of shape (n,) or (rows, cols): a table
+                content, extension = _csv(np.asarray(value)), "csv"
+            field = f"{path}/{stem}"
+            try:
+                # A batch sent again replaces its files.
+                neptune_run[field].upload(self._File.from_content(content, extension=extension))
+            except self._Inconsistency as error:
+                self._warn(run, field, "refused", f"a {event.kind} refused by Neptune ({error})")
+        for path, (steps, items) in series.items():
+            self._append(neptune_run, run, path, np.asarray(steps, np.int64), items, timestamp, last, sent)
 
     def _warn(self, run: hooks.RunInfo, path: str, reason: str, what: str) -> None:
         """Once per series path and reason, for all runs of this backend."""
@@ -312,6 +378,17 @@ def custom_run_id(run_id: str) -> str:
 def _path(key: str) -> str:
     """A lox key as a Neptune path below a namespace: ``/`` nests, empty parts go."""
     return "/".join(part for part in key.split("/") if part) or "_"
+
+
+def _csv(text: np.ndarray) -> bytes:
+    """Strings ``(n,)`` (one column) or ``(rows, cols)`` as CSV rows, without a header.
+
+    >>> _csv(np.array([["a", "b,c"], ["d", "e"]]))
+    b'a,"b,c"\\r\\nd,e\\r\\n'
+    """
+    out = io.StringIO()
+    csv.writer(out).writerows([[str(v) for v in row] for row in text.reshape(len(text), -1)])
+    return out.getvalue().encode()
 
 
 def _config(metadata: dict) -> dict:

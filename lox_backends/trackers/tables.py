@@ -74,6 +74,8 @@ class Scalars:
 
     def by_key(self) -> dict[str, np.ndarray]:
         """Each key's event positions (in order), keys in order of first appearance."""
+        if not len(self):  # e.g. a batch of text only
+            return {}
         if self.codes is None:  # not from a dictionary column: number the keys here
             numbers: dict[str, int] = {}
             codes = np.fromiter((numbers.setdefault(k, len(numbers)) for k in self.keys), np.int64, len(self.keys))
@@ -170,4 +172,29 @@ def media(table: pa.Table) -> list[MediaEvent]:
             step = next(iter(steps.values()), None)  # `order`: the primary step first
             event = value[i]
             out.append(MediaEvent(key, kinds[key], event, steps, step))
+    return out
+
+
+def file_stems(events: list[MediaEvent], batch: str) -> list[tuple[str, int]]:
+    """For trackers that keep one file per event: each event's file name
+    (without extension), the same every time its batch is sent (so that a batch
+    sent again replaces its files), and its position among the events of its
+    key and step in the batch (0 for the first).
+
+    ``step_<step>`` for the first event of a key at a step in the batch,
+    ``step_<step>-<i>`` for the next ones; events without a step are named by
+    their batch file, ``<batch>-<i>``.
+
+    >>> events = [MediaEvent("a", "text", "x", {"step": s}, s) for s in (3, 3, 4)]
+    >>> file_stems(events + [MediaEvent("a", "text", "y", {}, None)], "batch-000002.parquet")
+    [('step_3', 0), ('step_3-1', 1), ('step_4', 0), ('batch-000002-0', 0)]
+    """
+    seen: dict[tuple[str, int | None], int] = {}
+    out = []
+    for event in events:
+        i = seen[event.key, event.step] = seen.get((event.key, event.step), -1) + 1
+        if event.step is None:
+            out.append((f"{batch.removesuffix('.parquet')}-{i}", i))
+        else:
+            out.append((f"step_{event.step}" + (f"-{i}" if i else ""), i))
     return out

@@ -1,6 +1,7 @@
 """A reader for the neptune client's offline operation log (the data-*.log JSON
 lines of NEPTUNE_DATA_DIRECTORY/offline/run__*), for the tests."""
 
+import base64
 import glob
 import json
 import os
@@ -47,9 +48,24 @@ class OfflineRun:
         """The uploaded array files, read back as one logdict."""
         parts = []
         for op in self.of_type("UploadFile"):
-            assert op["path"][:2] == ["lox", "arrays"] and op["ext"] == "parquet"
-            parts.append(from_arrow(pq.read_table(self.folder / "upload_path" / op["tmp_file_name"])))
+            if op["path"][:2] == ["lox", "arrays"]:
+                assert op["ext"] == "parquet"
+                parts.append(from_arrow(pq.read_table(self.folder / "upload_path" / op["tmp_file_name"])))
         return concat(parts)
+
+    def images(self, path):
+        """(step, file content) of every image (PNG, GIF) appended to the file series `path`, in order."""
+        return [(p["step"], base64.b64decode(p["value"]["data"]))
+                for op in self.of_type("LogImages", path) for p in op["values"]]
+
+    def strings(self, path):
+        """(step, value) of every point logged to a string series, in order."""
+        return [(p["step"], p["value"]) for op in self.of_type("LogStrings", path) for p in op["values"]]
+
+    def uploads(self, prefix):
+        """(path, extension, content) of every file uploaded to a field below `prefix`, in order."""
+        return [("/".join(op["path"]), op["ext"], (self.folder / "upload_path" / op["tmp_file_name"]).read_bytes())
+                for op in self.of_type("UploadFile") if "/".join(op["path"]).startswith(prefix)]
 
 
 def offline_runs(data_directory):

@@ -2,8 +2,10 @@
 tracking URIs): seeds become runs, every value arrives once, through a server
 outage and a killed process (`lox sync`)."""
 
+import json
 import os
 import pathlib
+import posixpath
 import re
 import shutil
 import signal
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import tracker_media
 from logs_testing import free_port, log_epochs
 from mlflow.tracking import MlflowClient
 from mlflow_server import CLIENT_ENV, MlflowServer
@@ -25,6 +28,7 @@ import lox
 from lox_backends.logger.logger import BackendError
 from lox_backends.parquet import ParquetBackend
 from lox_backends.plugin import hooks
+from lox_backends.runstore.reader import run_files
 from lox_backends.runstore.sent import SentRecord
 from lox_backends.tools import cli
 from lox_backends.trackers.sending import SLOW_CALL, Shutdown
@@ -558,3 +562,187 @@ def test_lox_sync_sends_runs_written_by_lox_0_1(tmp_path, monkeypatch):
             (s, s * 0.5 + r) for s in range(6)]
         assert run.data.params["lr"] == str(0.1 * (r + 1)) and run.info.status == "FINISHED"
     assert [files for _, files, _ in sync(str(tmp_path / "runs"), spec)] == [0, 0]  # sent once
+
+
+# --- images, video, audio, histograms and text ------------------------------------------------
+MEDIA_STEPS = 3  # per chunk
+
+
+def media_chunk(seed, start):
+    def step(carry, i):
+        tracker_media.log_media(seed, i)
+        return carry, None
+
+    jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
+
+
+def mlflow_media(client, run_id, folder):
+    """A run's media as MLflow holds it: images by (key, step) → [(timestamp, PNG bytes)],
+    and the files under ``media/`` by path → bytes."""
+    images = {}
+    for item in client.list_artifacts(run_id, "images"):
+        name = posixpath.basename(item.path)
+        if name.endswith(".png"):
+            key, step_word, step, time_word, time_ms, _ = name.removesuffix(".png").split("+")
+            assert (step_word, time_word) == ("step", "timestamp"), name
+            local = pathlib.Path(client.download_artifacts(run_id, item.path, str(folder)))
+            images.setdefault((key.replace("~", "/"), int(step)), []).append((int(time_ms), local.read_bytes()))
+    files = {}
+    if any(item.path == "media" for item in client.list_artifacts(run_id)):
+        root = pathlib.Path(client.download_artifacts(run_id, "media", str(folder)))
+        files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return images, files
+
+
+def check_mlflow_media(client, run_id, folder, seed, steps):
+    """Every media event of `seed` at `steps` once, decoded, against the by-hand references."""
+    images, files = mlflow_media(client, run_id, folder)
+    assert sorted(images) == sorted((key, i) for key in ("samples", "grey") for i in steps)
+    for (key, i), found in images.items():
+        assert len(found) == 1, (key, i)  # once
+        np.testing.assert_array_equal(tracker_media.png_pixels(found[0][1]), tracker_media.reference(seed, i)[key])
+    names = {f"{key}/step_{i}.{ext}" for i in steps
+             for key, ext in [("rollout", "gif"), ("rollouts", "gif"), ("sound", "wav"), ("weights", "json"),
+                              ("caption", "txt"), ("table", "json")]}
+    assert set(files) == names
+    for i in steps:
+        for key in ("rollout", "rollouts", "sound", "weights"):
+            ext = {"sound": "wav", "weights": "json"}.get(key, "gif")
+            tracker_media.check_media_file(key, files[f"{key}/step_{i}.{ext}"], seed, i)
+        assert files[f"caption/step_{i}.txt"].decode() == tracker_media.caption(seed, i)
+        assert json.loads(files[f"table/step_{i}.json"]) == {"columns": ["0", "1"],
+                                                             "data": tracker_media.table(seed, i)}
+    metrics = client.get_run(run_id).data.metrics
+    assert {name.split(".")[0] for name in metrics} == {"loss"}  # media are no metrics (summaries aside)
+    return images
+
+
+def test_media_of_vmapped_seeds_become_images_gifs_wavs_json_and_text(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    experiment = fresh_experiment()
+    logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}", name="media")
+    seeds = 2
+    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+                             in_axes=(0, 0, None)))
+    for call in range(2):  # two batch files
+        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
+        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+            tracker_media.log_text(logger, states, seeds, i)
+        logger.flush()
+    logger.finish(states)
+
+    client = MlflowClient(mlflow_server.url)
+    runs = runs_by_name(client, experiment)
+    steps = range(2 * MEDIA_STEPS)
+    for seed in range(seeds):
+        run = runs[f"media-{seed}"]
+        images = check_mlflow_media(client, run.info.run_id, tmp_path / f"seed-{seed}", seed, steps)
+        # Each image has the timestamp of its batch file; MLflow's UI shows them by step.
+        assert len({time_ms for found in images.values() for time_ms, _ in found}) == 2
+        assert run.data.tags["mlflow.loggedImages"] == "True"
+        assert history(client, run.info.run_id, "loss") == [(i, (7 * seed + i) * 0.5) for i in steps]
+        assert "lox" not in [item.path for item in client.list_artifacts(run.info.run_id)]  # no arrays
+
+
+def test_tapped_media_reach_mlflow(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, value in CLIENT_ENV.items():
+        monkeypatch.setenv(name, value)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=tapped-media")
+    state = logger.init(name="tapped")
+    jax.jit(logger.tap(media_chunk, state))(0, 0)
+    for i in range(MEDIA_STEPS):
+        tracker_media.log_text(logger, state, None, i)
+    logger.finish(state)
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "tapped-media")["tapped"].info.run_id
+    check_mlflow_media(client, run_id, tmp_path / "artifacts", 0, range(MEDIA_STEPS))
+
+
+def test_media_without_steps_and_repeated_at_one_step_each_get_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=nostep")
+    state = logger.init(name="nostep")
+    for i in range(2):
+        logger.log(state, {"note": f"at 7, {i}"}, step=7)
+        logger.log(state, {"free": f"free {i}", "odd key:é": "x"})
+    logger.finish(state)
+    client = MlflowClient(uri)
+    run_id = runs_by_name(client, "nostep")["nostep"].info.run_id
+    _, files = mlflow_media(client, run_id, tmp_path / "artifacts")
+    (batch,) = {name.split("/")[1].rsplit("-", 1)[0] for name in files if name.startswith("free/")}
+    assert batch.startswith("batch-")
+    assert {name: data.decode() for name, data in files.items()} == {
+        "note/step_7.txt": "at 7, 0", "note/step_7-1.txt": "at 7, 1",
+        f"free/{batch}-0.txt": "free 0", f"free/{batch}-1.txt": "free 1",
+        f"odd key__/{batch}-0.txt": "x", f"odd key__/{batch}-1.txt": "x",
+    }
+
+
+SYNC_DIES = """
+import os, signal, sys
+from lox_backends.tools import cli
+from lox_backends.trackers.mlflow import MlflowBackend
+
+log_media = MlflowBackend._log_media
+
+def log_then_die(self, run_id, event, *args):
+    # Killed within the batch of steps {steps}, after its first images.
+    if event.key == "grey" and event.step == {steps}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return log_media(self, run_id, event, *args)
+
+MlflowBackend._log_media = log_then_die
+sys.exit(cli.main(["sync", "runs", "--to", {spec!r}]))
+"""
+
+
+def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(mlflow_server, tmp_path, monkeypatch):
+    """Runs logged while MLflow was out of reach (a parquet log only), then `lox
+    sync`, killed halfway through a batch's media, then run again: every
+    image, GIF, WAV, histogram and text is there once."""
+    monkeypatch.chdir(tmp_path)
+    logger = lox.loggers.from_config("parquet:runs", name="offline")
+    seeds = 2
+    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+                             in_axes=(0, 0, None)))
+    for call in range(3):  # three batch files
+        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
+        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+            tracker_media.log_text(logger, states, seeds, i)
+        logger.flush()
+    logger.finish(states)
+
+    experiment = fresh_experiment()
+    spec = f"mlflow:{mlflow_server.url}?experiment={experiment}"
+    script = SYNC_DIES.format(steps=MEDIA_STEPS + 1, spec=spec)
+    env = {**os.environ, **CLIENT_ENV, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    killed = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    client = MlflowClient(mlflow_server.url)
+    first = runs_by_name(client, experiment)["offline-0"].info.run_id
+    images, files = mlflow_media(client, first, tmp_path / "halfway")
+    # The first chunk's media, and of the second's, its samples and one grey image.
+    assert sorted(images) == sorted([("samples", i) for i in range(2 * MEDIA_STEPS)]
+                                    + [("grey", i) for i in range(MEDIA_STEPS + 1)])
+
+    recorded = {folder.name: [line for path in folder.glob("_sent-mlflow-*.jsonl")
+                              for line in path.read_text().splitlines() if '"file"' in line]
+                for folder in (tmp_path / "runs").iterdir() if (folder / "_run.json").exists()}
+    done = {pathlib.Path(folder).name: files for folder, files, _ in sync("runs", spec)}
+    # Seed 0's first batches were recorded as sent; the killed one and every later one are sent now.
+    assert sorted(bool(files) for files in recorded.values()) == [False, True]
+    assert done == {name: len(run_files(str(tmp_path / "runs" / name))) - len(files)
+                    for name, files in recorded.items()}
+    runs = runs_by_name(client, experiment)
+    assert sorted(runs) == ["offline-0", "offline-1"]
+    steps = range(3 * MEDIA_STEPS)
+    for seed in range(seeds):
+        run_id = runs[f"offline-{seed}"].info.run_id
+        check_mlflow_media(client, run_id, tmp_path / f"seed-{seed}", seed, steps)
+        assert history(client, run_id, "loss") == [(i, (7 * seed + i) * 0.5) for i in steps]
+    assert [files for _, files, _ in sync("runs", spec)] == [0, 0]

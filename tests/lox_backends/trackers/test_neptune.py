@@ -2,6 +2,8 @@
 offline operation log holds (read back below) is what lox logged, once, in bulk,
 also when the logging process is killed and ``lox sync`` sends the rest."""
 
+import csv
+import io
 import json
 import os
 import pathlib
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import tracker_media
 from neptune_records import offline_runs
 
 import lox
@@ -255,3 +258,134 @@ def test_settings_come_from_neptunes_environment_variables(neptune_env, monkeypa
         NeptuneBackend(None, {"mode": "async"})
     assert "secret-token-123" not in str(error.value)
     assert NeptuneBackend("team/vision", {"mode": "async"}).destination() == "team/vision"
+
+
+# --- images, video, audio, histograms and text ------------------------------------------------
+MEDIA_STEPS = 3  # per chunk
+
+
+def media_chunk(seed, start):
+    def step(carry, i):
+        tracker_media.log_media(seed, i)
+        return carry, None
+
+    jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
+
+
+def check_neptune_media(neptune_runs, seed, steps):
+    """Every media event of `seed` at `steps` once across `neptune_runs` (the
+    offline runs of one lox run), decoded, against the by-hand references."""
+    for key in ("samples", "grey", "rollout", "rollouts"):
+        points = [point for run in neptune_runs for point in run.images(f"media/{key}")]
+        assert [step for step, _ in points] == list(steps), key  # each step once, in order
+        for i, data in points:
+            if key in ("samples", "grey"):
+                np.testing.assert_array_equal(tracker_media.png_pixels(data), tracker_media.reference(seed, i)[key])
+            else:
+                tracker_media.check_media_file(key, data, seed, i)
+    captions = [point for run in neptune_runs for point in run.strings("media/caption")]
+    assert captions == [(i, tracker_media.caption(seed, i)) for i in steps]
+    uploads = [upload for run in neptune_runs for upload in run.uploads("media/")]
+    assert sorted((path, ext) for path, ext, _ in uploads) == sorted(
+        (f"media/{key}/step_{i}", ext) for i in steps for key, ext in [("sound", "wav"), ("weights", "json"),
+                                                                          ("table", "csv")])
+    for path, _, data in uploads:
+        key, i = path.split("/")[1], int(path.rsplit("_", 1)[1])
+        if key == "table":
+            assert list(csv.reader(io.StringIO(data.decode()))) == tracker_media.table(seed, i)
+        else:
+            tracker_media.check_media_file(key, data, seed, i)
+
+
+def test_media_of_vmapped_seeds_become_file_series_string_series_and_files(neptune_env):
+    seeds = 2
+    logger = lox.loggers.from_config(SPEC, name="media")
+    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+                             in_axes=(0, 0, None)))
+    for call in range(2):
+        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
+        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+            tracker_media.log_text(logger, states, seeds, i)
+        logger.flush()
+    logger.finish(states)
+
+    found = offline_runs(neptune_env / "neptune-data")
+    steps = range(2 * MEDIA_STEPS)
+    for seed, run in enumerate(logger.runs()):
+        (neptune_run,) = found[run.run_id]
+        check_neptune_media([neptune_run], seed, steps)
+        assert neptune_run.series("metrics/loss") == [(i, (7 * seed + i) * 0.5) for i in steps]
+        # Media are neither float series nor array files.
+        assert {"/".join(op["path"]) for op in neptune_run.of_type("LogFloats")} == {"metrics/loss"}
+        assert {op["path"][0] for op in neptune_run.of_type("UploadFile")} == {"media"}
+        # Each image carries its batch file's timestamp.
+        times = {p["ts"] for op in neptune_run.of_type("LogImages", "media/samples") for p in op["values"]}
+        assert len(times) == 2
+
+
+def test_tapped_media_reach_neptune(neptune_env):
+    logger = lox.loggers.from_config(SPEC, name="tapped")
+    state = logger.init()
+    jax.jit(logger.tap(media_chunk, state))(0, 0)
+    for i in range(MEDIA_STEPS):
+        tracker_media.log_text(logger, state, None, i)
+    logger.finish(state)
+    (run,) = logger.runs()
+    (neptune_run,) = offline_runs(neptune_env / "neptune-data")[run.run_id]
+    check_neptune_media([neptune_run], 0, range(MEDIA_STEPS))
+
+
+SYNC_DIES = """
+import os, signal, sys
+from lox_backends.tools import cli
+from lox_backends.trackers.neptune import NeptuneBackend
+
+send, calls = NeptuneBackend.send, []
+
+def send_then_die(self, *args):  # killed as it starts sending the third batch file
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    calls.append(args)
+    return send(self, *args)
+
+NeptuneBackend.send = send_then_die
+sys.exit(cli.main(["sync", "runs", "--to", {spec!r}]))
+"""
+
+
+def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(neptune_env):
+    """Runs logged while Neptune was out of reach (a parquet log only), then
+    `lox sync`, killed after two batch files, then run again: every image,
+    GIF, WAV, histogram and text is in Neptune's offline runs once."""
+    seeds = 2
+    logger = lox.loggers.from_config("parquet:runs", name="offline")
+    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+                             in_axes=(0, 0, None)))
+    for call in range(3):
+        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
+        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+            tracker_media.log_text(logger, states, seeds, i)
+        logger.flush()
+    logger.finish(states)
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    killed = subprocess.run([sys.executable, "-c", SYNC_DIES.format(spec=SPEC)], cwd=neptune_env, env=env,
+                            capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folders = sorted((p for p in (neptune_env / "runs").iterdir() if (p / "_run.json").exists()),
+                     key=lambda p: json.loads((p / "_run.json").read_text())["name"])
+    assert [len([r for r in sent_records(f) if "file" in r]) for f in folders[:1]] == [2]
+
+    done = {pathlib.Path(folder).name: files for folder, files, _ in sync(str(neptune_env / "runs"), SPEC)}
+    assert done == {f.name: len(batch_files(f)) - (2 if seed == 0 else 0) for seed, f in enumerate(folders)}
+    assert [files for _, files, _ in sync(str(neptune_env / "runs"), SPEC)] == [0, 0]
+    found = offline_runs(neptune_env / "neptune-data")
+    steps = range(3 * MEDIA_STEPS)
+    for seed, folder in enumerate(folders):
+        neptune_runs = found[folder.name]
+        assert len(neptune_runs) == (2 if seed == 0 else 1)  # offline: the killed sync's run, then the next's
+        check_neptune_media(neptune_runs, seed, steps)
+        loss = [point for run in neptune_runs for point in run.series("metrics/loss")]
+        assert loss == [(i, (7 * seed + i) * 0.5) for i in steps]

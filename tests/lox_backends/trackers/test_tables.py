@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lox
-from lox_backends.trackers.tables import Scalars, arrays, media, scalars
+from lox_backends.trackers.tables import MediaEvent, Scalars, arrays, file_stems, media, scalars
 from lox_core import schema
 from lox_core.logdict import NO_STEP
 
@@ -111,3 +111,20 @@ def test_media_gives_each_rendered_event_as_logged():
     assert events[4].value == "first" and events[5].steps == {"step": 1}
     assert events[6].value.tolist() == [["a", "b"], ["c", "d"]]
     assert media(batch_table()) == [] and media(batch_table().drop_columns(["kind"])) == []
+
+
+def test_a_batch_of_text_only_has_no_scalar_events_by_key():
+    logs = lox.logdict({"note": np.array(["a", "b"], dtype=np.dtypes.StringDType())},
+                       steps={"step": {"note": np.array([0, 1])}})
+    events = scalars(logs.to_arrow(run="r"))
+    assert len(events) == 0 and events.by_key() == {}
+
+
+def test_file_stems_name_each_event_the_same_at_every_send():
+    def event(key, step):
+        return MediaEvent(key, "text", "x", {} if step is None else {"step": step}, step)
+
+    events = [event("a", 3), event("a", 3), event("b", 3), event("a", 4), event("a", None), event("a", None)]
+    assert file_stems(events, "batch-000007-0a1b2c3d.parquet") == [
+        ("step_3", 0), ("step_3-1", 1), ("step_3", 0), ("step_4", 0),
+        ("batch-000007-0a1b2c3d-0", 0), ("batch-000007-0a1b2c3d-1", 1)]
