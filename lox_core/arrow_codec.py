@@ -261,11 +261,18 @@ def _nest(trees: dict[str, Any], data: dict, steps: dict) -> tuple[dict, dict]:
     """`data` and `steps` with the series of each key in `trees` put back into
     the key's pytree, where all of them are there, with the same steps."""
     owner: dict[str, str] = {}  # series name -> the key whose pytree takes it
+    whole: list[tuple[str, list[str]]] = []  # the keys whose series are all there, with the same steps
     for key, tree in trees.items():
         if tree == FLAT:  # several structures: its series stay flat
             continue
         names = _tree_leaves(key, tree, key)
-        if names and key not in data and all(n in data for n in names) and _same_steps(names, data, steps):
+        if names and all(n in data for n in names) and _same_steps(names, data, steps):
+            whole.append((key, names))
+    leaves = {name for _, names in whole for name in names}
+    for key, names in whole:
+        # A series named like the key is kept as it is, unless it is a leaf of another
+        # key's pytree (the key "a/b" holding a list beside "a" holding {"b": x}).
+        if key not in data or key in leaves:
             owner.update((name, key) for name in names)
     if not owner:
         return data, steps

@@ -551,3 +551,12 @@ def test_other_errors_say_what_to_do():
     floats = table.add_column(2, "step", pa.array([1.0]))
     with pytest.raises(TypeError, match=r"step column 'step' has type double; steps must be integers"):
         from_arrow(floats)
+
+
+def test_a_key_named_like_a_leaf_of_another_keys_pytree_comes_back_as_its_pytree():
+    # "a/b" holds a list (series a/b/0) beside "a" holding {"b": x} (series a/b): found by hypothesis.
+    for n in (0, 2):
+        logs = lox.logdict({"a/b": [np.arange(n, dtype=np.int32)], "a": {"b": np.ones(n, bool)}})
+        back = from_arrow(to_arrow(logs))
+        assert list(back) == ["a/b", "a"]
+        assert back["a/b"][0].tolist() == list(range(n)) and back["a"]["b"].tolist() == [True] * n
