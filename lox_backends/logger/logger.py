@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import numbers
 import os
 import sys
 import threading
@@ -864,6 +865,8 @@ def _event(data: Mapping[str, Any], steps: dict[str, Any], runs_shape: tuple[int
             value = text if isinstance(value, (np.ndarray, list, tuple)) else np.broadcast_to(text, runs_shape)
         elif isinstance(value, (bool, int, float)):
             value = np.broadcast_to(np.asarray(value), runs_shape)
+        else:
+            _check_value(key, value, runs_shape)
         if value is None or not jax.tree_util.tree_leaves(value):
             raise TypeError(f"`logger.log` got no value for key {key!r}; log an array, a number or a str.")
         values[key] = jax.tree_util.tree_map(functools.partial(_with_event_axis, len(runs_shape)), value)
@@ -875,6 +878,26 @@ def _event(data: Mapping[str, Any], steps: dict[str, Any], runs_shape: tuple[int
                               else np.broadcast_to(np.asarray(step, np.int64), runs_shape))
         per_name[name] = dict.fromkeys(values, at)
     return logdict(values, per_name)
+
+
+def _check_value(key: str, value, runs_shape: tuple[int, ...]) -> None:
+    """Refuse at the call what lox's tables cannot store (bytes, objects, a str
+    or a kind inside a pytree), which would fail the run in the background."""
+    if not (runs_shape and isinstance(value, media.Media)):  # a vmapped kind's shape starts with the runs'
+        media.check(key, value, where="logger.log")
+    for leaf in jax.tree_util.tree_leaves(value):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None and not isinstance(leaf, numbers.Number):
+            raise TypeError(
+                f"`logger.log` got a {type(leaf).__name__} for key {key!r}; log numbers, numeric or boolean arrays "
+                "(or pytrees of them), a kind (`lox.image(x)`...) or text (a str, or a rectangular list of them, "
+                "as the whole value of a key)."
+            )
+        if dtype is not None and not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+            raise TypeError(
+                f"`logger.log` got an array of dtype {dtype} for key {key!r}; log numeric or boolean arrays, or "
+                "text as a str or a NumPy array of str (not bytes)."
+            )
 
 
 def _with_event_axis(position: int, x):

@@ -351,3 +351,22 @@ def test_a_plain_dict_for_vmapped_runs_gives_numbers_to_every_run_and_arrays_per
         logger.log(state, lox.logdict({"a": np.zeros((2, 1))}), step=1)
     with pytest.raises(TypeError, match="step 'step' must be an integer scalar, got 1.5"):
         logger.log(state, {"a": 1.0}, step=1.5)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (b"abc", r"`logger.log` got a bytes for key 'k'"),
+    (np.array([b"a"]), r"`logger.log` got an array of dtype \|S1 for key 'k'"),
+    (np.array(["a", "b"], dtype=object), "`logger.log` got an array of dtype object for key 'k'"),
+    ({"a": "x"}, r"`logger.log` got a str for key 'k'"),  # text is the whole value of a key
+    ({"a": lox.image(np.zeros((2, 2)))}, r"`logger.log`: key 'k' holds a lox.image\(...\) inside a pytree"),
+    (lox.image(np.zeros((3, 4, 5))), r"`logger.log`: key 'k' got lox.image\(...\) of shape \(3, 4, 5\)"),
+])
+def test_a_plain_dict_value_nothing_can_store_is_refused_at_the_call_naming_the_key(logger, value, message):
+    # Taken, these failed in the background and the run lost all of its logs, or lost the value's kind.
+    state = logger.init(name="bad")
+    with pytest.raises((TypeError, ValueError), match=message):
+        logger.log(state, {"k": value, "ok": 1.0}, step=0)
+    logger.log(state, {"ok": 2.0}, step=1)
+    logger.finish(state)
+    (logs,) = [lox.logdict.from_arrow(t) for t in logger.backends[0].tables()]
+    assert list(logs) == ["ok"] and logs["ok"].tolist() == [2.0]
