@@ -224,7 +224,8 @@ def video(frames, fps: float = 4.0) -> Video:
     """
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(fps) or fps <= 0:
         raise ValueError(f"`lox.video` takes fps > 0 (a Python number, static), got {fps!r}.")
-    return Video(frames, fps)
+    # A NumPy number as a Python one: options are stored as JSON (files, `jax.export`).
+    return Video(frames, fps.item() if isinstance(fps, np.generic) else fps)
 
 
 def audio(samples, rate: int = 16000) -> Audio:
@@ -375,6 +376,13 @@ def check(key: str, value, where: str = "lox.log") -> None:
         if dtype != np.int16 and dtype.name not in _FLOATS:
             raise TypeError(
                 f"`{where}`: key {key!r} got lox.audio(...) of {got}; samples are floats in [-1, 1] or int16."
+            )
+        channels = shape[1] if len(shape) == 2 else 1
+        if value.rate * channels * 2 > 2**32 - 1:  # a WAV header's bytes per second: 32 bits
+            raise ValueError(
+                f"`{where}`: key {key!r} got lox.audio(...) at rate={value.rate} with {channels} channel(s); a WAV "
+                f"file holds at most {(2**32 - 1) // (2 * channels):,} samples per second of {channels} channel(s). "
+                "Pass the clip's real rate (e.g. 16000, 44100)."
             )
     elif isinstance(value, Histogram):
         counts, edges = np.shape(value.counts), np.shape(value.edges)

@@ -74,6 +74,8 @@ def test_a_kinds_bad_option_is_refused_at_its_call(call, message):
     (lambda: lox.audio(jnp.zeros(8, jnp.int32)), "int16"),
     (lambda: media.Histogram(jnp.zeros(3), jnp.zeros(3)), "counts of shape"),
     (lambda: {"a": lox.image(jnp.zeros((2, 2)))}, "inside a pytree"),
+    # a WAV file's header holds rate * channels * 2 bytes per second in 32 bits: the worker's encoder failed
+    (lambda: lox.audio(jnp.zeros((8, 2)), rate=2**30), r"key 'samples' got lox.audio\(...\) at rate=1073741824"),
 ])
 def test_a_wrong_shape_or_dtype_is_an_error_naming_the_key_at_the_call(value, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -172,6 +174,21 @@ def test_a_kind_is_static_the_same_options_do_not_retrace():
     spooled(jnp.zeros((2, 3, 3, 1)))
     spooled(jnp.ones((2, 3, 3, 1)))
     assert len(traces) == 1
+
+
+def test_numpy_numbers_as_options_are_python_numbers_that_files_and_export_store():
+    # An np.float32 fps used to stay one: the Parquet writer's JSON of the kinds then failed the run.
+    assert type(lox.video(np.zeros((2, 4, 4, 3)), fps=np.float32(2.5)).fps) is float
+    assert type(lox.video(np.zeros((2, 4, 4, 3)), fps=np.int64(8)).fps) is int
+
+    def f(x):
+        lox.log({"v": lox.video(x, fps=np.float32(2.5))}, step=0)
+        return x
+
+    _, logs = lox.spool(f)(jnp.zeros((2, 4, 4, 3)))
+    assert lox.logdict.from_arrow(logs.to_arrow())["v"].fps == 2.5
+    exported = jax.export.export(jax.jit(lox.spool(f)))(jax.ShapeDtypeStruct((2, 4, 4, 3), jnp.float32))
+    assert jax.export.deserialize(exported.serialize()).call(jnp.zeros((2, 4, 4, 3)))[1]["v"].fps == 2.5
 
 
 def test_media_survive_jax_export():
