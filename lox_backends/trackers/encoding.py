@@ -101,7 +101,8 @@ def gif(thwc: np.ndarray, fps: float) -> bytes:
     if frames[0].mode == "RGBA":  # GIF has no alpha channel
         frames = [f.convert("RGB") for f in frames]
     out = io.BytesIO()
-    duration = max(int(round(1000.0 / fps)), 10)  # milliseconds per frame; GIF counts hundredths
+    # Milliseconds per frame; GIF counts hundredths of a second, in 16 bits.
+    duration = min(max(int(round(1000.0 / fps)), 10), 655350) if fps >= 1e-3 else 655350
     frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)
     return out.getvalue()
 

@@ -50,6 +50,15 @@ def test_gif_holds_each_frame_at_the_fps():
         assert decoded[t].tolist() == frames[t].tolist()
 
 
+@pytest.mark.parametrize(("fps", "duration"), [(1e-6, 655350), (1e6, 10)])
+def test_gif_frame_durations_stay_within_what_gif_holds(fps, duration):
+    # A GIF holds a frame's delay in 16 bits of hundredths of a second: fps=1e-6 failed the encoder (in the
+    # backend's worker) with an OverflowError; browsers show delays below 10 ms at 100 ms.
+    frames = np.stack([np.full((2, 2, 1), v, np.uint8) for v in (0, 255)])
+    gif = Image.open(io.BytesIO(encoding.gif(frames, fps=fps)))
+    assert gif.n_frames == 2 and gif.info["duration"] == duration
+
+
 @pytest.mark.parametrize("shape", [(100,), (100, 2)])
 def test_wav_holds_the_int16_samples_at_the_rate(shape):
     samples = RNG.uniform(-1.2, 1.2, size=shape).astype(np.float32)
