@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lox_core import _compat
+from lox_core import _compat, media
 from lox_core.logdict import NO_STEP, event_count, event_totals, logdict, padded_logdict
 
 
@@ -137,7 +137,11 @@ def _check_one_layout(key: str, holders: list) -> None:
         return jax.tree_util.tree_structure(value), [(x.shape[1:], np.dtype(x.dtype)) for x in leaves]
 
     def shown(logs):
-        return ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape[1:])}" for x in jax.tree_util.tree_leaves(logs[key]))
+        value = logs[key]
+        arrays = ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape[1:])}" for x in jax.tree_util.tree_leaves(value))
+        if not isinstance(value, media.Media):
+            return arrays
+        return f"lox.{value.kind}({arrays}{''.join(f', {k}={v!r}' for k, v in value.options.items())})"
 
     first_branch, first = holders[0]
     for branch, logs in holders[1:]:
@@ -145,7 +149,7 @@ def _check_one_layout(key: str, holders: list) -> None:
             raise ValueError(
                 f"the branches of a `jax.lax.cond`/`switch` log key {key!r} differently: branch {first_branch} "
                 f"logs {shown(first)}, branch {branch} logs {shown(logs)} (for `jax.lax.cond`, branch 0 is "
-                "`false_fun` and branch 1 is `true_fun`). A key keeps one structure, shape and dtype in every "
+                "`false_fun` and branch 1 is `true_fun`). A key keeps one kind, structure, shape and dtype in every "
                 "branch, because its events become one output of the cond; log differently shaped values under "
                 "different keys."
             )

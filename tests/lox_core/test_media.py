@@ -176,6 +176,23 @@ def test_a_kind_is_static_the_same_options_do_not_retrace():
     assert len(traces) == 1
 
 
+def test_cond_branches_that_log_a_key_as_other_kinds_or_options_say_which():
+    # The message used to show the same shape and dtype for both branches, not what differs.
+    def cond(first, second):
+        def f(p, x):
+            jax.lax.cond(p, lambda: lox.log({"v": first(x)}) and None, lambda: lox.log({"v": second(x)}) and None)
+            return x
+        return f
+
+    x = jnp.zeros((2, 4, 4, 1))
+    with pytest.raises(ValueError, match=r"log key 'v' differently: branch 0 logs lox.video\(float32\[2, 4, 4, 1\], "
+                                         r"fps=3\), branch 1 logs lox.video\(float32\[2, 4, 4, 1\], fps=2\)"):
+        lox.spool(cond(lambda x: lox.video(x, fps=2), lambda x: lox.video(x, fps=3)))(True, x)
+    with pytest.raises(ValueError, match=r"branch 0 logs float32\[2, 4, 4, 1\], branch 1 logs "
+                                         r"lox.image\(float32\[2, 4, 4, 1\]\) .* one kind"):
+        lox.spool(cond(lox.image, lambda x: x))(True, x)
+
+
 def test_numpy_numbers_as_options_are_python_numbers_that_files_and_export_store():
     # An np.float32 fps used to stay one: the Parquet writer's JSON of the kinds then failed the run.
     assert type(lox.video(np.zeros((2, 4, 4, 3)), fps=np.float32(2.5)).fps) is float
