@@ -14,6 +14,8 @@ samples, histogram counts), independently of lox's encoders.
 * ``weights``: the histogram of 50 integers in [0, 16], 5 bins;
 * ``loss``: a scalar, which stays a metric.
 
+`media_chunk(seed, start)` logs them at steps ``start ... start + MEDIA_STEPS - 1`` in a scan.
+
 `log_text(logger, states, i)` logs, from Python, a caption per run (a str) and
 a 2 x 2 table of strings.
 """
@@ -21,6 +23,7 @@ a 2 x 2 table of strings.
 import io
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from PIL import Image, ImageSequence
@@ -51,6 +54,17 @@ def log_media(seed, i):
         "weights": lox.histogram(((jnp.arange(50) * (k + 3)) % 17).astype(jnp.float32), bins=BINS),
         "loss": k * 0.5,
     }, step=i)
+
+
+MEDIA_STEPS = 3  # steps of one media_chunk
+
+
+def media_chunk(seed, start):
+    def step(carry, i):
+        log_media(seed, i)
+        return carry, None
+
+    jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
 
 
 def reference(seed, i):

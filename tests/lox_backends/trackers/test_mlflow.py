@@ -565,17 +565,6 @@ def test_lox_sync_sends_runs_written_by_lox_0_1(tmp_path, monkeypatch):
 
 
 # --- images, video, audio, histograms and text ------------------------------------------------
-MEDIA_STEPS = 3  # per chunk
-
-
-def media_chunk(seed, start):
-    def step(carry, i):
-        tracker_media.log_media(seed, i)
-        return carry, None
-
-    jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
-
-
 def mlflow_media(client, run_id, folder):
     """A run's media as MLflow holds it: images by (key, step) → [(timestamp, PNG bytes)],
     and the files under ``media/`` by path → bytes."""
@@ -623,18 +612,18 @@ def test_media_of_vmapped_seeds_become_images_gifs_wavs_json_and_text(mlflow_ser
     logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}", name="media")
     seeds = 2
     states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
                              in_axes=(0, 0, None)))
     for call in range(2):  # two batch files
-        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
-        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
+        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
             tracker_media.log_text(logger, states, seeds, i)
         logger.flush()
     logger.finish(states)
 
     client = MlflowClient(mlflow_server.url)
     runs = runs_by_name(client, experiment)
-    steps = range(2 * MEDIA_STEPS)
+    steps = range(2 * tracker_media.MEDIA_STEPS)
     for seed in range(seeds):
         run = runs[f"media-{seed}"]
         images = check_mlflow_media(client, run.info.run_id, tmp_path / f"seed-{seed}", seed, steps)
@@ -652,13 +641,13 @@ def test_tapped_media_reach_mlflow(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/m.db"
     logger = lox.loggers.from_config(f"mlflow:{uri}?experiment=tapped-media")
     state = logger.init(name="tapped")
-    jax.jit(logger.tap(media_chunk, state))(0, 0)
-    for i in range(MEDIA_STEPS):
+    jax.jit(logger.tap(tracker_media.media_chunk, state))(0, 0)
+    for i in range(tracker_media.MEDIA_STEPS):
         tracker_media.log_text(logger, state, None, i)
     logger.finish(state)
     client = MlflowClient(uri)
     run_id = runs_by_name(client, "tapped-media")["tapped"].info.run_id
-    check_mlflow_media(client, run_id, tmp_path / "artifacts", 0, range(MEDIA_STEPS))
+    check_mlflow_media(client, run_id, tmp_path / "artifacts", 0, range(tracker_media.MEDIA_STEPS))
 
 
 def test_media_without_steps_and_repeated_at_one_step_each_get_a_file(tmp_path, monkeypatch):
@@ -708,18 +697,18 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(mlflow_se
     logger = lox.loggers.from_config("parquet:runs", name="offline")
     seeds = 2
     states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
                              in_axes=(0, 0, None)))
     for call in range(3):  # three batch files
-        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
-        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
+        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
             tracker_media.log_text(logger, states, seeds, i)
         logger.flush()
     logger.finish(states)
 
     experiment = fresh_experiment()
     spec = f"mlflow:{mlflow_server.url}?experiment={experiment}"
-    script = SYNC_DIES.format(steps=MEDIA_STEPS + 1, spec=spec)
+    script = SYNC_DIES.format(steps=tracker_media.MEDIA_STEPS + 1, spec=spec)
     env = {**os.environ, **CLIENT_ENV, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
     killed = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -727,8 +716,8 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(mlflow_se
     first = runs_by_name(client, experiment)["offline-0"].info.run_id
     images, files = mlflow_media(client, first, tmp_path / "halfway")
     # The first chunk's media, and of the second's, its samples and one grey image.
-    assert sorted(images) == sorted([("samples", i) for i in range(2 * MEDIA_STEPS)]
-                                    + [("grey", i) for i in range(MEDIA_STEPS + 1)])
+    assert sorted(images) == sorted([("samples", i) for i in range(2 * tracker_media.MEDIA_STEPS)]
+                                    + [("grey", i) for i in range(tracker_media.MEDIA_STEPS + 1)])
 
     recorded = {folder.name: [line for path in folder.glob("_sent-mlflow-*.jsonl")
                               for line in path.read_text().splitlines() if '"file"' in line]
@@ -740,7 +729,7 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(mlflow_se
                     for name, files in recorded.items()}
     runs = runs_by_name(client, experiment)
     assert sorted(runs) == ["offline-0", "offline-1"]
-    steps = range(3 * MEDIA_STEPS)
+    steps = range(3 * tracker_media.MEDIA_STEPS)
     for seed in range(seeds):
         run_id = runs[f"offline-{seed}"].info.run_id
         check_mlflow_media(client, run_id, tmp_path / f"seed-{seed}", seed, steps)

@@ -261,17 +261,6 @@ def test_settings_come_from_neptunes_environment_variables(neptune_env, monkeypa
 
 
 # --- images, video, audio, histograms and text ------------------------------------------------
-MEDIA_STEPS = 3  # per chunk
-
-
-def media_chunk(seed, start):
-    def step(carry, i):
-        tracker_media.log_media(seed, i)
-        return carry, None
-
-    jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
-
-
 def check_neptune_media(neptune_runs, seed, steps):
     """Every media event of `seed` at `steps` once across `neptune_runs` (the
     offline runs of one lox run), decoded, against the by-hand references."""
@@ -301,17 +290,17 @@ def test_media_of_vmapped_seeds_become_file_series_string_series_and_files(neptu
     seeds = 2
     logger = lox.loggers.from_config(SPEC, name="media")
     states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
                              in_axes=(0, 0, None)))
     for call in range(2):
-        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
-        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
+        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
             tracker_media.log_text(logger, states, seeds, i)
         logger.flush()
     logger.finish(states)
 
     found = offline_runs(neptune_env / "neptune-data")
-    steps = range(2 * MEDIA_STEPS)
+    steps = range(2 * tracker_media.MEDIA_STEPS)
     for seed, run in enumerate(logger.runs()):
         (neptune_run,) = found[run.run_id]
         check_neptune_media([neptune_run], seed, steps)
@@ -327,13 +316,13 @@ def test_media_of_vmapped_seeds_become_file_series_string_series_and_files(neptu
 def test_tapped_media_reach_neptune(neptune_env):
     logger = lox.loggers.from_config(SPEC, name="tapped")
     state = logger.init()
-    jax.jit(logger.tap(media_chunk, state))(0, 0)
-    for i in range(MEDIA_STEPS):
+    jax.jit(logger.tap(tracker_media.media_chunk, state))(0, 0)
+    for i in range(tracker_media.MEDIA_STEPS):
         tracker_media.log_text(logger, state, None, i)
     logger.finish(state)
     (run,) = logger.runs()
     (neptune_run,) = offline_runs(neptune_env / "neptune-data")[run.run_id]
-    check_neptune_media([neptune_run], 0, range(MEDIA_STEPS))
+    check_neptune_media([neptune_run], 0, range(tracker_media.MEDIA_STEPS))
 
 
 SYNC_DIES = """
@@ -361,11 +350,11 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(neptune_e
     seeds = 2
     logger = lox.loggers.from_config("parquet:runs", name="offline")
     states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
                              in_axes=(0, 0, None)))
     for call in range(3):
-        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
-        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
+        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
             tracker_media.log_text(logger, states, seeds, i)
         logger.flush()
     logger.finish(states)
@@ -382,7 +371,7 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(neptune_e
     assert done == {f.name: len(batch_files(f)) - (2 if seed == 0 else 0) for seed, f in enumerate(folders)}
     assert [files for _, files, _ in sync(str(neptune_env / "runs"), SPEC)] == [0, 0]
     found = offline_runs(neptune_env / "neptune-data")
-    steps = range(3 * MEDIA_STEPS)
+    steps = range(3 * tracker_media.MEDIA_STEPS)
     for seed, folder in enumerate(folders):
         neptune_runs = found[folder.name]
         assert len(neptune_runs) == (2 if seed == 0 else 1)  # offline: the killed sync's run, then the next's
