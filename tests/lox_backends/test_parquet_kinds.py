@@ -11,8 +11,8 @@ import duckdb
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
+from logs_testing import schema_1_table
 
 import lox
 from lox_backends.parquet import ParquetBackend
@@ -146,24 +146,6 @@ def test_runs_of_a_group_with_other_kinds_of_one_key_each_keep_theirs(tmp_path):
     for run in runs:
         key = "h" if run.run_id == "r3" else "x"
         assert loaded[run.run_id][key] == values[run.run_id]
-
-
-def schema_1_table(run_id: str) -> pa.Table:
-    """A table as lox wrote it with schema version 1 (no kind column, no lox.kinds), by hand."""
-    dictionary = pa.dictionary(pa.int32(), pa.string())
-    fields = pa.schema([pa.field("run", dictionary), pa.field("key", dictionary, nullable=False),
-                        pa.field("step", pa.int64()), pa.field("value", pa.float64()), pa.field("dtype", dictionary),
-                        pa.field("shape", pa.list_(pa.int32())), pa.field("data", pa.large_binary())],
-                       metadata={"lox.schema": "1", "lox.step_dtypes": '{"step": "int64"}',
-                                 "lox.step_batch_ndim": "{}", "lox.empty_series": "{}"})
-    w = np.arange(4, dtype=np.float32).reshape(2, 2)
-    return pa.Table.from_pydict({
-        "run": pa.array([run_id] * 4).dictionary_encode(),
-        "key": pa.array(["loss", "w", "loss", "w"]).dictionary_encode(),
-        "step": [0, 0, 1, 1], "value": [0.5, None, 0.25, None],
-        "dtype": pa.array(["float64", "float32"] * 2).dictionary_encode(),
-        "shape": [[], [2], [], [2]], "data": [None, w[0].tobytes(), None, w[1].tobytes()],
-    }, schema=fields)
 
 
 def test_a_run_of_schema_version_1_still_loads_and_summarizes(tmp_path):

@@ -12,6 +12,7 @@ import polars
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from logs_testing import schema_1_table
 
 import lox
 from lox_core import schema
@@ -172,31 +173,13 @@ def test_spooled_kinds_under_vmap_round_trip():
         np.testing.assert_array_equal(back["h"].counts[0, i], want)
 
 
-def schema_1_table() -> pa.Table:
-    """A table as lox wrote it with schema version 1: no kind column, no lox.kinds (built by hand)."""
-    dictionary = pa.dictionary(pa.int32(), pa.string())
-    fields = pa.schema([pa.field("run", dictionary), pa.field("key", dictionary, nullable=False),
-                        pa.field("step", pa.int64()), pa.field("value", pa.float64()), pa.field("dtype", dictionary),
-                        pa.field("shape", pa.list_(pa.int32())), pa.field("data", pa.large_binary())],
-                       metadata={"lox.schema": "1", "lox.step_dtypes": '{"step": "int64"}',
-                                 "lox.step_batch_ndim": "{}", "lox.empty_series": "{}"})
-    w = np.arange(6, dtype=np.float32).reshape(2, 3)
-    return pa.Table.from_pydict({
-        "run": pa.array(["old"] * 4).dictionary_encode(),
-        "key": pa.array(["loss", "loss", "w", "w"]).dictionary_encode(),
-        "step": [0, 1, 0, 1], "value": [0.5, 0.25, None, None],
-        "dtype": pa.array(["float64", "float64", "float32", "float32"]).dictionary_encode(),
-        "shape": [[], [], [3], [3]], "data": [None, None, w[0].tobytes(), w[1].tobytes()],
-    }, schema=fields)
-
-
 def test_schema_1_tables_still_read(tmp_path):
-    table = schema_1_table()
+    table = schema_1_table("old")
     pq.write_table(table, tmp_path / "old.parquet")
     back = from_arrow(pq.read_table(tmp_path / "old.parquet"))
     assert back.kind == {"loss": "scalar", "w": "array"}
-    assert back["loss"].tolist() == [0.5, 0.25] and back["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
-    assert schema.row_kinds(table).to_pylist() == ["scalar", "scalar", "array", "array"]
+    assert back["loss"].tolist() == [0.5, 0.25] and back["w"].tolist() == [[0, 1], [2, 3]]
+    assert schema.row_kinds(table).to_pylist() == ["scalar", "array", "scalar", "array"]
 
 
 def test_bad_kinds_metadata_and_text_say_what_to_do():

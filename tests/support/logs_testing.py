@@ -1,6 +1,6 @@
 """Helpers shared by the tests: small logdicts, one comparison of logs, a
-training loop with two step names, free ports, a process killed mid-run, and the
-kernels of a compiled program."""
+training loop with two step names, free ports, a process killed mid-run, the
+kernels of a compiled program, and a table of schema version 1."""
 
 import os
 import re
@@ -12,6 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyarrow as pa
 
 import lox
 from lox_core.logdict import concat
@@ -161,3 +162,21 @@ def saved_runs(folder, names=("r",), batches=2):
         logger.finish(state)
     logger.close()
     return [run.run_id for run in logger.runs()]
+
+
+def schema_1_table(run_id: str) -> pa.Table:
+    """A table as lox wrote it with schema version 1 (no kind column, no lox.kinds), by hand."""
+    dictionary = pa.dictionary(pa.int32(), pa.string())
+    fields = pa.schema([pa.field("run", dictionary), pa.field("key", dictionary, nullable=False),
+                        pa.field("step", pa.int64()), pa.field("value", pa.float64()), pa.field("dtype", dictionary),
+                        pa.field("shape", pa.list_(pa.int32())), pa.field("data", pa.large_binary())],
+                       metadata={"lox.schema": "1", "lox.step_dtypes": '{"step": "int64"}',
+                                 "lox.step_batch_ndim": "{}", "lox.empty_series": "{}"})
+    w = np.arange(4, dtype=np.float32).reshape(2, 2)
+    return pa.Table.from_pydict({
+        "run": pa.array([run_id] * 4).dictionary_encode(),
+        "key": pa.array(["loss", "w", "loss", "w"]).dictionary_encode(),
+        "step": [0, 0, 1, 1], "value": [0.5, None, 0.25, None],
+        "dtype": pa.array(["float64", "float32"] * 2).dictionary_encode(),
+        "shape": [[], [2], [], [2]], "data": [None, w[0].tobytes(), None, w[1].tobytes()],
+    }, schema=fields)
