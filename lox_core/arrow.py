@@ -186,6 +186,7 @@ What round-trips: everything, exactly, but for these.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -201,6 +202,7 @@ from lox_core.arrow_codec import flat_keys as flat_keys
 from lox_core.arrow_codec import numpy_dtype
 from lox_core.arrow_codec import to_arrow_runs as to_arrow_runs
 from lox_core.logdict import concat, logdict, trusted
+from lox_core.media import Media
 from lox_core.series import claim_series_name, named_leaves
 from lox_core.series import own_clash_message as own_clash_message
 from lox_core.series import series_leaves as series_leaves
@@ -251,13 +253,15 @@ def flatten_keys(logs: logdict, keys=None) -> logdict:
     return logdict(data, steps, valid=valid, dropped={name: logs.dropped[seen[name]] for name in valid})
 
 
-def concat_read(parts: list[logdict], flat: Iterable[str] = ()) -> logdict:
+def concat_read(parts: list[logdict], flat: Iterable[str] = (), run: str | None = None) -> logdict:
     """One run's logdicts read from its tables (files, batches), concatenated
     in order. A key that comes back with different pytree structures from
     different tables (logged with different structures, or read from files
     without ``lox.trees``), and a key of `flat` (one that a table's
     ``lox.trees`` lists as :data:`FLAT`, see `flat_keys`: read flat there),
-    is flattened to its ``key/path`` series in all of them."""
+    is flattened to its ``key/path`` series in all of them; a key of
+    different kinds or options (a run resumed by a program that logged it
+    otherwise) likewise, with a warning naming it and `run`."""
     if len(parts) == 1:
         return parts[0]
     structures: dict[str, set] = {}
@@ -265,9 +269,29 @@ def concat_read(parts: list[logdict], flat: Iterable[str] = ()) -> logdict:
         for key, value in part.items():
             structures.setdefault(key, set()).add(jax.tree_util.tree_structure(value))
     mixed = {key for key, found in structures.items() if len(found) > 1 or key in flat}
+    _warn_of_kinds_lost(parts, mixed, run)
     if mixed:
         parts = [flatten_keys(part, mixed) for part in parts]
     return concat(parts) if parts else logdict()
+
+
+def _warn_of_kinds_lost(parts: list[logdict], mixed: set[str], run: str | None) -> None:
+    for key in sorted(mixed):
+        found = list(dict.fromkeys(_kind_words(part[key]) for part in parts if key in part))
+        if len(found) > 1 and any(isinstance(part.get(key), Media) for part in parts):
+            of_run = "" if run is None else f" of run {run!r}"
+            warnings.warn(
+                f"lox: key {key!r} holds {found[0]} in some tables{of_run} and {' or '.join(found[1:])} in others "
+                "(a resumed run logged it otherwise): it is read as its arrays, without a kind. Log a key of "
+                "another kind, fps or rate under a new key.",
+                RuntimeWarning, stacklevel=3,
+            )
+
+
+def _kind_words(value) -> str:
+    if not isinstance(value, Media):
+        return "an array"
+    return value.kind + "".join(f" ({name}={option!r})" for name, option in value.options.items())
 
 
 # --- Arrow -> logdict ---------------------------------------------------------------------

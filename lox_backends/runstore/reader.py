@@ -354,7 +354,7 @@ def _load_run(folder: str, info: dict[str, Any], groups: _ConvertedGroups | None
         flat |= flat_there
         found += rows
     _check_complete(folder, info, group, found)
-    return concat_read(parts, flat) if parts else logdict()
+    return concat_read(parts, flat, info.get("run_id", filesystems.basename(folder))) if parts else logdict()
 
 
 def _check_complete(folder: str, info: dict[str, Any], group: str | None, found: int) -> None:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from logs_testing import schema_1_table
 
 import lox
@@ -160,3 +161,23 @@ def test_a_run_of_schema_version_1_still_loads_and_summarizes(tmp_path):
     assert logs.step["w"].tolist() == [0, 1]
     summary = json.loads((tmp_path / "old" / "_run.json").read_text())["summary"]["keys"]
     assert summary == {"loss": {"last": 0.25, "min": 0.25, "max": 0.5, "count": 2}}
+
+
+def test_a_resumed_run_that_logs_a_key_as_another_kind_or_fps_says_so_where_it_is_read(tmp_path):
+    # A key keeps one kind in a logger's runs, but a restarted program's Logger does not know what the
+    # run's files hold: a video at 4 fps, then at 8 after a resume, came back as a plain array, silently.
+    def clip(fps):
+        return lambda x, i: lox.log({"v": lox.video(x, fps=fps), "img": lox.image(x[0])}, step=i)
+
+    x = jnp.zeros((2, 3, 3, 1))
+    for fps, step in ((4, 0), (8, 1)):
+        logger = lox.loggers.from_config(f"parquet:{tmp_path}")
+        state = logger.init(run_id="job", resume="allow")
+        logger.spool(clip(fps), state)(x, step)
+        logger.finish(state)
+        logger.close()
+    with pytest.warns(RuntimeWarning, match=r"key 'v' holds video \(fps=4\) in some tables of run 'job' and "
+                                            r"video \(fps=8\) in others.*read as its arrays.*under a new key"):
+        logs = lox.load(tmp_path / "job")
+    assert logs.kind == {"v": "array", "img": "image"}  # every event kept, as its arrays
+    assert logs["v"].shape == (2, 2, 3, 3, 1) and logs.step["v"].tolist() == [0, 1]
