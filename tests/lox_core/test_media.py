@@ -41,6 +41,14 @@ def test_histogram_range_ints_constant_and_empty_inputs_count_as_numpy_does():
     assert np.asarray(lox.histogram(np.array([True, False, True]), bins=2).counts).tolist() == [1, 2]
 
 
+def test_histogram_of_values_whose_span_overflows_their_dtype_counts_by_its_edges():
+    # high - low overflowed float32 to inf: every value fell in the first bins ([1, 1, 0, 0]), silently.
+    x = np.array([-3e38, -1e38, 2e38, 3e38], np.float32)
+    h = lox.histogram(x, bins=4)
+    assert np.isfinite(np.asarray(h.edges)).all()
+    assert np.asarray(h.counts).tolist() == np.histogram(x, bins=np.asarray(h.edges))[0].tolist() == [1, 1, 0, 2]
+
+
 def test_histogram_under_vmap_is_each_elements_histogram():
     x = np.random.default_rng(1).standard_normal((3, 500)).astype(np.float32)
     h = jax.vmap(lambda v: lox.histogram(v, bins=8))(x)
