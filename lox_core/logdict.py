@@ -686,6 +686,13 @@ def _check_same_structure(key: str, values: list) -> None:
     what NumPy's concatenation gives them). Device arrays keep one dtype (JAX
     would round int32 to float32)."""
     first = jax.tree_util.tree_structure(values[0])
+    if isinstance(values[0], Media):  # uint8 pixels and float ones (in [0, 1]) do not mix
+        classes = {v.dtype_class() for v in values if isinstance(v, Media)}
+        if len(classes) > 1:
+            raise ValueError(
+                f"key {key!r} holds {values[0].kind}s of integer and of float numbers (uint8 pixels or int16 "
+                "samples, and floats in [0, 1] or [-1, 1]), which mean different things; convert them to one."
+            )
     for other in values[1:]:
         if jax.tree_util.tree_structure(other) != first:
             raise ValueError(

@@ -75,10 +75,24 @@ class Media:
 
     def __getitem__(self, index) -> Media:
         """Index every array along its leading axes: ``logs["samples"][0]`` is the first event's image."""
+        if isinstance(index, (int, np.integer)) and not -len(self) <= index < len(self):
+            # (JAX arrays clamp an index out of range: refused here, as a sequence does)
+            raise IndexError(f"index {index} is out of range for lox.{self.kind} of {len(self)} along its first axis")
         return self.replace_arrays([getattr(self, name)[index] for name in self.fields])
 
     def __len__(self) -> int:
         return len(getattr(self, self.fields[0]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def dtype_class(self) -> str:
+        """What the numbers of its first array mean: ``integer`` (uint8 pixels,
+        int16 samples) or ``float`` (in [0, 1] or [-1, 1]); a histogram's, ``counts``."""
+        if isinstance(self, Histogram):
+            return "counts"
+        dtype = getattr(getattr(self, self.fields[0]), "dtype", None)
+        return "integer" if dtype is not None and np.issubdtype(np.dtype(dtype), np.integer) else "float"
 
     def __eq__(self, other) -> bool:
         if type(other) is not type(self) or other.options != self.options:
@@ -334,6 +348,7 @@ def rebuild(kind: str, options: dict[str, Any], arrays: list) -> Media:
 
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+MAX_CHANNELS = 8  # of a clip: more is channels-first samples, (C, L)
 
 
 def check(key: str, value, where: str = "lox.log") -> None:
@@ -373,6 +388,11 @@ def check(key: str, value, where: str = "lox.log") -> None:
             raise ValueError(
                 f"`{where}`: key {key!r} got lox.audio(...) of {got}; it takes mono (L,) or (L, C) samples "
                 "(C channels, last). Log one clip per key, or each clip of a batch under a key of its own."
+            )
+        if len(shape) == 2 and shape[1] > MAX_CHANNELS:
+            raise ValueError(
+                f"`{where}`: key {key!r} got lox.audio(...) of {got}: {shape[1]} channels? It takes (L, C) with "
+                f"the channels last, at most {MAX_CHANNELS} (7.1 sound); transpose channels-first samples: `x.T`."
             )
         if dtype != np.int16 and dtype.name not in _FLOATS:
             raise TypeError(

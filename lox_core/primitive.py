@@ -152,7 +152,7 @@ def _log_text(data: dict, values: dict, texts: dict, steps: dict, prefix: str) -
             "cannot enter a compiled program. Log text from Python: eagerly, with `logger.log(state, "
             '{"sample": text}, step=i)`, or from a tap callback on the host.'
         )
-    host = {k: np.asarray(v) for k, v in values.items()}
+    host = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in values.items()}  # a kind stays a kind
     both = {prefix + k: texts.get(prefix + k, host.get(prefix + k)) for k in data}  # in the call's key order
     steps = {name: np.asarray(s) for name, s in steps.items()}
     if printing.default_enabled():

@@ -64,7 +64,9 @@ class LogChecks:
             kind = media.kind_of(value, batch_ndim)
             if kind not in media.RENDERED_KINDS:
                 kind = "scalar or array"  # told apart by shape, in `_check_kinds`
-            signature = (kind, tuple(value.options.items()) if isinstance(value, media.Media) else ())
+            # uint8 pixels and float ones mean different things: a key keeps one (as it keeps its fps)
+            signature = (kind, (*value.options.items(), ("dtype", value.dtype_class()))
+                         if isinstance(value, media.Media) else ())
             known = self._key_kinds.get(key, signature)
             if known != signature:
                 raise ValueError(
@@ -183,7 +185,9 @@ class LogChecks:
 
 def _kind_words(signature: tuple) -> str:
     kind, options = signature
-    return kind + "".join(f" ({name}={value!r})" for name, value in options)
+    words = [f"{value} numbers" if name == "dtype" else f"{name}={value:g}" if isinstance(value, float)
+             else f"{name}={value!r}" for name, value in options]
+    return kind + (f" ({', '.join(words)})" if words else "")
 
 
 def _event_bytes(value, leading_ndim: int) -> int:

@@ -80,6 +80,7 @@ def test_a_kinds_bad_option_is_refused_at_its_call(call, message):
     (lambda: lox.video(jnp.zeros((4, 4, 3))), r"lox.video\(...\) of shape \(4, 4, 3\)"),
     (lambda: lox.audio(jnp.zeros((2, 3, 4))), "mono"),
     (lambda: lox.audio(jnp.zeros(8, jnp.int32)), "int16"),
+    (lambda: lox.audio(jnp.zeros((2, 1600))), r"1600 channels\? .* channels-first samples: `x.T`"),
     (lambda: media.Histogram(jnp.zeros(3), jnp.zeros(3)), "counts of shape"),
     (lambda: {"a": lox.image(jnp.zeros((2, 2)))}, "inside a pytree"),
     # a WAV file's header holds rate * channels * 2 bytes per second in 32 bits: the worker's encoder failed
@@ -297,3 +298,26 @@ def test_repr_of_media_is_a_summary_not_the_pixels():
     assert repr(lox.histogram(np.array([0.0, 1.0]), bins=2)) == "lox.histogram(counts=int32[2], edges=float32[3])"
     event = next(logs.events())
     assert "'weights': histogram of 216 in [" in repr(event)  # 2 x 6 x 6 x 3 values
+
+
+def test_eager_text_beside_kinds_keeps_their_kinds(capsys):
+    logs = lox.log({"note": "hi", "h": lox.histogram(jnp.arange(10.0), bins=4), "im": lox.image(jnp.zeros((8, 8, 3)))},
+                   step=1)
+    assert capsys.readouterr().out == "[step=1] note='hi' h=histogram of 10 in [0.0, 9.0] im=image float32[8, 8, 3]\n"
+    assert logs.kind == {"note": "text", "h": "histogram", "im": "image"}
+    assert np.asarray(logs["h"].counts).tolist() == [[3, 2, 2, 3]]
+
+
+def test_a_spooled_kind_iterates_over_its_events_and_refuses_an_index_out_of_range():
+    _, logs = lox.spool(lambda x: [lox.log({"im": lox.image(x * i)}, step=i) for i in range(3)])(jnp.ones((2, 2)))
+    events = list(logs["im"])  # device arrays clamp an index: the iteration must still end
+    assert [float(e.pixels[0, 0]) for e in events] == [0.0, 1.0, 2.0]
+    assert float(logs["im"][-1].pixels[0, 0]) == 2.0
+    with pytest.raises(IndexError, match="index 7 is out of range for lox.image of 3"):
+        logs["im"][7]
+
+
+def test_a_key_of_uint8_and_float_pixels_does_not_concatenate():
+    floats = lox.logdict({"k": lox.image(np.full((1, 2, 2), 0.25))})
+    with pytest.raises(ValueError, match="key 'k' holds images of integer and of float numbers"):
+        floats + lox.logdict({"k": lox.image(np.full((1, 2, 2), 64, np.uint8))})

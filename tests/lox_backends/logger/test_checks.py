@@ -295,12 +295,16 @@ def test_among_vmapped_seeds_only_those_that_dropped_events_warn(logger):
 def test_a_key_keeps_one_kind_and_its_options(logger):
     state = logger.init(name="kinds")
     logger.log(state, {"clip": lox.video(np.zeros((2, 4, 4, 3)), fps=4)}, step=0)
-    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4\) and now as video \(fps=8\)"):
+    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4, float numbers\) and now as "
+                                         r"video \(fps=8, float numbers\)"):
         logger.log(state, {"clip": lox.video(np.zeros((2, 4, 4, 3)), fps=8)}, step=1)
-    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4\) and now as image"):
+    with pytest.raises(ValueError, match=r"key 'clip' was logged as video \(fps=4, float numbers\) and now as image"):
         logger.spool(lambda: lox.log({"clip": lox.image(jnp.zeros((4, 4, 3)))}), state)()
     with pytest.raises(ValueError, match="key 'clip' was logged as video .* and now as scalar or array"):
         logger.log(state, {"clip": 1.0}, step=2)
+    # uint8 pixels after float ones would be read as floats (64 as white): refused like another fps
+    with pytest.raises(ValueError, match=r"as video \(fps=4, float numbers\) and now as video \(fps=4, integer"):
+        logger.log(state, {"clip": lox.video(np.full((2, 4, 4, 3), 64, np.uint8), fps=4)}, step=3)
     logger.log(state, {"clip": lox.video(np.ones((2, 4, 4, 3)), fps=4)}, step=3)  # the same kind: taken
     logger.finish(state)
 
