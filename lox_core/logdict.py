@@ -507,7 +507,8 @@ def _describe(x) -> str:
     shape = getattr(x, "shape", None)
     if dtype is None or shape is None:
         return repr(x)
-    return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+    name = "str" if np.dtype(dtype).kind in "UT" else np.dtype(dtype).name  # not StringDType128
+    return f"{name}[{','.join(map(str, shape))}]"
 
 
 class Event(dict[str, Any]):

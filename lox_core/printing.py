@@ -103,6 +103,8 @@ def _text_summary(text: np.ndarray, width: int = 60) -> str:
     if text.ndim == 0:
         line = " ".join(str(text).split())
         return repr(line if len(line) <= width else line[: width - 1] + "…")
+    if text.ndim == 1 and text.size <= 4:  # a few texts (a logdict's events of one str): each abbreviated
+        return "[" + ", ".join(_text_summary(np.asarray(t), 24) for t in text) + "]"
     return f"text{list(text.shape)}"
 
 

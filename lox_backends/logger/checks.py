@@ -115,6 +115,12 @@ class LogChecks:
                 if known == kind:
                     continue
                 was, now = f"{known[0]}{list(known[1])}", f"{kind[0]}{list(kind[1])}"
+                if known[1] != kind[1] and known[0].kind in "UT":
+                    raise ValueError(
+                        f"lox logger: {name!r} was logged as text of shape {known[1]} and now of shape {kind[1]}; "
+                        "a key of text keeps one shape in a logger's runs (a str, or tables of one shape). Log "
+                        "the new text under another key."
+                    )
                 if known[1] != kind[1]:
                     raise ValueError(
                         f"lox logger: {name!r} was logged as {was} and now as {now}; a key keeps one event shape "

@@ -374,3 +374,12 @@ def test_a_plain_dict_value_nothing_can_store_is_refused_at_the_call_naming_the_
     logger.finish(state)
     (logs,) = [lox.logdict.from_arrow(t) for t in logger.backends[0].tables()]
     assert list(logs) == ["ok"] and logs["ok"].tolist() == [2.0]
+
+
+def test_a_key_of_text_keeps_one_shape(logger):
+    state = logger.init(name="text")
+    logger.log(state, {"t": "a str"}, step=0)
+    with pytest.raises(ValueError, match=r"'t' was logged as text of shape \(\) and now of shape \(2,\); a key "
+                                         r"of text keeps one shape"):
+        logger.log(state, {"t": ["a", "list"]}, step=1)
+    logger.finish(state)
