@@ -901,7 +901,7 @@ def _check_value(key: str, value, runs_shape: tuple[int, ...]) -> None:
 
 
 def _with_event_axis(position: int, x):
-    xp = jnp if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) else np
+    xp = jnp if isinstance(x, jax.Array) else np  # a tracer is a jax.Array too
     return xp.expand_dims(xp.asarray(x), position)
 
 

@@ -30,7 +30,8 @@ def test_prefix_renames_keys():
     [
         (lambda: lox.log([1.0]), TypeError, r"takes a dict from str keys to arrays, got list"),
         (lambda: lox.log({3: 1.0}), TypeError, r"keys must be strings, got 3 \(int\)"),
-        (lambda: lox.log({"name": {"opt": "adam", "lr": 0.1}}), TypeError, r"got a str for key 'name'.*text \(a str, as"),
+        (lambda: lox.log({"name": {"opt": "adam", "lr": 0.1}}), TypeError,
+         r"got a str for key 'name'.*text \(a str, as"),
         (lambda: lox.log({"obj": object()}), TypeError, r"got a object for key 'obj'"),
         (lambda: lox.log({"x": None}), TypeError, r"got no array for key 'x' \(None\); log an array, a number"),
         (lambda: lox.log({"s": {}}, prefix="p/"), TypeError, r"got no array for key 'p/s' \(\{\}\)"),

@@ -383,3 +383,28 @@ def test_a_key_of_text_keeps_one_shape(logger):
                                          r"of text keeps one shape"):
         logger.log(state, {"t": ["a", "list"]}, step=1)
     logger.finish(state)
+
+
+def test_a_plain_dict_logged_under_jit_is_one_event_with_its_kinds(logger):
+    state = logger.init(name="jitted")
+
+    @jax.jit
+    def step(x, state):
+        logger.log(state, {"acc": x * 2, "h": lox.histogram(x, bins=2)}, step=3)
+        return x
+
+    step(jnp.arange(4.0), state)
+    logger.finish(state)
+    logs = logger.backends[0].logs()
+    assert logs["acc"].tolist() == [[0.0, 2.0, 4.0, 6.0]] and logs.step["acc"].tolist() == [3]
+    assert logs.kind["h"] == "histogram" and logs["h"].counts.tolist() == [[2, 2]]
+
+
+def test_python_numbers_inside_a_plain_dicts_pytree_go_to_every_vmapped_run(logger):
+    # A number inside a pytree was not given to every run: NumPy's "axis 1 is out of bounds", naming nothing.
+    state = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+    logger.log(state, {"opt": {"lr": 0.1, "decay": np.array([1.0, 2.0])}}, step=0)
+    logger.finish(state)
+    memory = logger.backends[0]
+    got = [memory.logs(run.run_id)["opt"] for run in logger.runs()]
+    assert [(g["lr"].tolist(), g["decay"].tolist()) for g in got] == [([0.1], [1.0]), ([0.1], [2.0])]
