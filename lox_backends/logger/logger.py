@@ -356,7 +356,8 @@ class Logger:
 
     def _log(self, state: LoggerState, logs: logdict) -> None:
         if not isinstance(logs, logdict):
-            raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs), got {type(logs).__name__}.")
+            raise TypeError(f"`logger.log` takes a lox.logdict (e.g. spooled logs) or a plain dict of one event "
+                            f"(`logger.log(state, {{\"loss\": x}}, step=i)`), got {type(logs).__name__}.")
         self._check_state(state, "log")
         self._checks.check(logs, tuple(np.shape(state.run)))  # shapes are static: traced ones too
         if traced((state, logs)):
@@ -863,10 +864,10 @@ def _event(data: Mapping[str, Any], steps: dict[str, Any], runs_shape: tuple[int
         text = media.as_text(key, value)
         if text is not None:
             value = text if isinstance(value, (np.ndarray, list, tuple)) else np.broadcast_to(text, runs_shape)
-        elif isinstance(value, (bool, int, float)):
-            value = np.broadcast_to(np.asarray(value), runs_shape)
         else:
             _check_value(key, value, runs_shape)
+            value = jax.tree_util.tree_map(  # a Python number, alone or in a pytree: every run's
+                lambda v: np.broadcast_to(np.asarray(v), runs_shape) if isinstance(v, (bool, int, float)) else v, value)
         if value is None or not jax.tree_util.tree_leaves(value):
             raise TypeError(f"`logger.log` got no value for key {key!r}; log an array, a number or a str.")
         values[key] = jax.tree_util.tree_map(functools.partial(_with_event_axis, len(runs_shape)), value)

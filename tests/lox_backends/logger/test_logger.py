@@ -236,8 +236,8 @@ def test_rows_are_ordered_by_step_and_a_backwards_step_warns_once():
 def test_bad_calls_raise_clearly():
     logger = lox.loggers.from_config("memory")
     state = logger.init()
-    with pytest.raises(TypeError, match="takes a lox.logdict"):
-        logger.log(state, {"x": 1.0})
+    with pytest.raises(TypeError, match=r"takes a lox.logdict .* or a plain dict of one event .* got list"):
+        logger.log(state, [("x", 1.0)])  # a plain dict is one event (issue 30): taken
     with pytest.raises(TypeError, match="the state returned by `logger.init`"):
         logger.log(0, lox.logdict({"x": np.ones(1)}))
     states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 3))
