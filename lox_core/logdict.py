@@ -352,7 +352,7 @@ class logdict(dict[str, Any]):
         >>> logs = lox.logdict({"loss": np.array([0.5, 0.25])}, steps={"step": {"loss": np.array([0, 1])}})
         >>> table = logs.to_arrow(run="seed0")
         >>> table.column_names
-        ['run', 'key', 'step', 'value', 'dtype', 'shape', 'data']
+        ['run', 'key', 'step', 'value', 'dtype', 'shape', 'data', 'kind']
         >>> table.column("value").to_pylist(), table.column("step").to_pylist()
         ([0.5, 0.25], [0, 1])
         """
