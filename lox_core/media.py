@@ -376,7 +376,7 @@ def check(key: str, value, where: str = "lox.log") -> None:
         if len(shape) not in ndims or not channels_ok or 0 in shape:
             raise ValueError(
                 f"`{where}`: key {key!r} got {name}(...) of {got}; it takes {form} with C = 1, 3 or 4 channels "
-                "(grey, RGB, RGBA) and no empty axis. Move the channel axis last (`jnp.moveaxis(x, 1, -1)`)."
+                f"(grey, RGB, RGBA) and no empty axis.{_layout_fix(shape, isinstance(value, Image))}"
             )
         if dtype != np.uint8 and dtype.name not in _FLOATS:
             raise TypeError(
@@ -412,6 +412,19 @@ def check(key: str, value, where: str = "lox.log") -> None:
                 f"`{where}`: key {key!r} holds a histogram with counts of shape {counts} and edges of shape "
                 f"{edges}; make it with `lox.histogram(x, bins=N)` (counts (N,), edges (N + 1,))."
             )
+
+
+def _layout_fix(shape: tuple, is_image: bool) -> str:
+    """What to do about an image's or a video's shape: channels first, or grey without a channel axis."""
+    if len(shape) < 3 or shape[-1] in (1, 3, 4):
+        return ""
+    fixes = []
+    if shape[-3] in (1, 3, 4):  # (C, H, W) / (N, C, H, W) / (T, C, H, W) / (N, T, C, H, W)
+        fixes.append(f"channels first: move them last, `jnp.moveaxis(x, {len(shape) - 3}, -1)`")
+    if len(shape) in ((3,) if is_image else (3, 4)):
+        fixes.append(f"{'a batch of grey images' if is_image else 'grey frames'}: add their channel axis, "
+                     "`x[..., None]`")
+    return "".join(f" For {fix}." for fix in fixes)
 
 
 def event_nbytes(value, leading_ndim: int) -> int:

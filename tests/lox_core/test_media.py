@@ -185,6 +185,20 @@ def test_a_kind_is_static_the_same_options_do_not_retrace():
     assert len(traces) == 1
 
 
+@pytest.mark.parametrize(("value", "fix"), [
+    (lambda: lox.image(jnp.zeros((4, 28, 28))), r"a batch of grey images: add their channel axis, `x\[..., None\]`"),
+    (lambda: lox.image(jnp.zeros((3, 28, 28))), r"channels first: move them last, `jnp.moveaxis\(x, 0, -1\)`"),
+    (lambda: lox.image(jnp.zeros((4, 3, 28, 28))), r"`jnp.moveaxis\(x, 1, -1\)`"),
+    (lambda: lox.video(jnp.zeros((8, 16, 16))), r"grey frames: add their channel axis, `x\[..., None\]`"),
+    (lambda: lox.video(jnp.zeros((8, 3, 16, 16))), r"`jnp.moveaxis\(x, 1, -1\)`"),
+    (lambda: lox.video(jnp.zeros((2, 8, 3, 16, 16))), r"`jnp.moveaxis\(x, 2, -1\)`"),
+])
+def test_a_wrong_image_or_video_layout_gets_the_fix_for_its_shape(value, fix):
+    # An MNIST batch (4, 28, 28) was told to `jnp.moveaxis(x, 1, -1)`, which makes it (4, 28, 28) again.
+    with pytest.raises(ValueError, match=fix):
+        lox.log({"samples": value()})
+
+
 def test_cond_branches_that_log_a_key_as_other_kinds_or_options_say_which():
     # The message used to show the same shape and dtype for both branches, not what differs.
     def cond(first, second):
