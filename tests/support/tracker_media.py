@@ -67,6 +67,20 @@ def media_chunk(seed, start):
     jax.lax.scan(step, 0, start + jnp.arange(MEDIA_STEPS))
 
 
+def log_batches(logger, key, seeds, calls):
+    """Media (`media_chunk`) and text (`log_text`) of `seeds` vmapped runs of
+    `logger`, `MEDIA_STEPS` steps per call, one batch file per call; then the runs finish."""
+    states = jax.vmap(lambda k: logger.init(k))(jax.random.split(key, seeds))
+    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(media_chunk, state)(seed, start),
+                             in_axes=(0, 0, None)))
+    for call in range(calls):
+        chunk(states, jnp.arange(seeds), MEDIA_STEPS * call)
+        for i in range(MEDIA_STEPS * call, MEDIA_STEPS * (call + 1)):
+            log_text(logger, states, seeds, i)
+        logger.flush()
+    logger.finish(states)
+
+
 def reference(seed, i):
     """What the trackers must show of `log_media(seed, i)`, by hand."""
     k = _k(seed, i)

@@ -611,15 +611,7 @@ def test_media_of_vmapped_seeds_become_images_gifs_wavs_json_and_text(mlflow_ser
     experiment = fresh_experiment()
     logger = lox.loggers.from_config(f"mlflow:{mlflow_server.url}?experiment={experiment}", name="media")
     seeds = 2
-    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
-                             in_axes=(0, 0, None)))
-    for call in range(2):  # two batch files
-        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
-        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
-            tracker_media.log_text(logger, states, seeds, i)
-        logger.flush()
-    logger.finish(states)
+    tracker_media.log_batches(logger, jax.random.key(0), seeds, calls=2)  # two batch files
 
     client = MlflowClient(mlflow_server.url)
     runs = runs_by_name(client, experiment)
@@ -696,15 +688,7 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(mlflow_se
     monkeypatch.chdir(tmp_path)
     logger = lox.loggers.from_config("parquet:runs", name="offline")
     seeds = 2
-    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
-                             in_axes=(0, 0, None)))
-    for call in range(3):  # three batch files
-        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
-        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
-            tracker_media.log_text(logger, states, seeds, i)
-        logger.flush()
-    logger.finish(states)
+    tracker_media.log_batches(logger, jax.random.key(1), seeds, calls=3)  # three batch files
 
     experiment = fresh_experiment()
     spec = f"mlflow:{mlflow_server.url}?experiment={experiment}"

@@ -289,15 +289,7 @@ def check_neptune_media(neptune_runs, seed, steps):
 def test_media_of_vmapped_seeds_become_file_series_string_series_and_files(neptune_env):
     seeds = 2
     logger = lox.loggers.from_config(SPEC, name="media")
-    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(0), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
-                             in_axes=(0, 0, None)))
-    for call in range(2):
-        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
-        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
-            tracker_media.log_text(logger, states, seeds, i)
-        logger.flush()
-    logger.finish(states)
+    tracker_media.log_batches(logger, jax.random.key(0), seeds, calls=2)
 
     found = offline_runs(neptune_env / "neptune-data")
     steps = range(2 * tracker_media.MEDIA_STEPS)
@@ -349,15 +341,7 @@ def test_lox_sync_sends_media_once_also_when_interrupted_and_run_again(neptune_e
     GIF, WAV, histogram and text is in Neptune's offline runs once."""
     seeds = 2
     logger = lox.loggers.from_config("parquet:runs", name="offline")
-    states = jax.vmap(lambda key: logger.init(key))(jax.random.split(jax.random.key(1), seeds))
-    chunk = jax.jit(jax.vmap(lambda state, seed, start: logger.spool(tracker_media.media_chunk, state)(seed, start),
-                             in_axes=(0, 0, None)))
-    for call in range(3):
-        chunk(states, jnp.arange(seeds), tracker_media.MEDIA_STEPS * call)
-        for i in range(tracker_media.MEDIA_STEPS * call, tracker_media.MEDIA_STEPS * (call + 1)):
-            tracker_media.log_text(logger, states, seeds, i)
-        logger.flush()
-    logger.finish(states)
+    tracker_media.log_batches(logger, jax.random.key(1), seeds, calls=3)
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
     killed = subprocess.run([sys.executable, "-c", SYNC_DIES.format(spec=SPEC)], cwd=neptune_env, env=env,
