@@ -294,8 +294,11 @@ def histogram(values, bins: int = 64, range: tuple[float, float] | None = None) 
     edges = jnp.linspace(lo, hi, bins + 1, dtype=dtype)
     # The bin by arithmetic, then corrected against the edges themselves (as NumPy
     # does), so that the counts are those of the edges returned, bit for bit.
-    # In halves: hi - lo may overflow the dtype (values beyond half its largest), their halves never do.
-    index = jnp.clip(jnp.floor((flat / 2 - lo / 2) * (bins / (hi / 2 - lo / 2))), 0, bins - 1)
+    # In halves where hi - lo overflows the dtype (values beyond half its largest); not
+    # always, since halving subnormal values loses their last bits.
+    whole = jnp.isfinite(hi - lo)
+    offset = jnp.where(whole, flat - lo, flat / 2 - lo / 2)
+    index = jnp.clip(jnp.floor(offset * (bins / jnp.where(whole, hi - lo, hi / 2 - lo / 2))), 0, bins - 1)
     index = jnp.where(finite, index, 0).astype(jnp.int32)
     index = index - (flat < edges[index])
     index = jnp.clip(index, 0, bins - 1)
