@@ -200,13 +200,21 @@ def _register(cls: type[Media]) -> None:
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
 
 
+# (Parameters named as JAX 0.8 types them.)
+def _serialize_options(aux_data) -> bytes:
+    return json.dumps(list(aux_data)).encode()
+
+
+def _deserialize_options(serialized_aux_data: bytes):
+    return tuple(tuple(pair) for pair in json.loads(serialized_aux_data))
+
+
 for _cls in _CLASSES.values():
     _register(_cls)
     # `jax.export` serializes a program's output pytree: a kind's options as JSON.
     jax.export.register_pytree_node_serialization(
-        _cls, serialized_name=f"lox.{_cls.kind}",
-        serialize_auxdata=lambda options: json.dumps(list(options)).encode(),
-        deserialize_auxdata=lambda data: tuple(tuple(pair) for pair in json.loads(data)),
+        _cls, serialized_name=f"lox.{_cls.kind}", serialize_auxdata=_serialize_options,
+        deserialize_auxdata=_deserialize_options,
     )
 
 
