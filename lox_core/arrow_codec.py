@@ -274,20 +274,27 @@ def _nest(trees: dict[str, Any], data: dict, steps: dict) -> tuple[dict, dict]:
         # key's pytree (the key "a/b" holding a list beside "a" holding {"b": x}).
         if key not in data or key in leaves:
             owner.update((name, key) for name in names)
+    return _gathered(owner, data, steps, lambda key: _build(key, trees[key], data))
+
+
+def _gathered(owner: dict[str, str], data: dict, steps: dict, value_of) -> tuple[dict, dict]:
+    """`data` and `steps` with the series that `owner` gives a key (series name
+    -> key) replaced by the key's `value_of(key)`, where its first series was;
+    the key takes their steps (they are the same)."""
     if not owner:
         return data, steps
-    nested: dict[str, Any] = {}
+    gathered: dict[str, Any] = {}
     for name, value in data.items():
         key = owner.get(name)
         if key is None:
-            nested[name] = value
-        elif key not in nested:  # where its first series was
-            nested[key] = _build(key, trees[key], data)
-    by_key = {name: {} for name in steps}
+            gathered[name] = value
+        elif key not in gathered:  # where its first series was
+            gathered[key] = value_of(key)
+    by_key: dict[str, dict] = {name: {} for name in steps}
     for step_name, per_key in steps.items():
         for name, s in per_key.items():
             by_key[step_name].setdefault(owner.get(name, name), s)  # a key's series share its steps
-    return nested, by_key
+    return gathered, by_key
 
 
 def _same_steps(names: list[str], data: dict, steps: dict) -> bool:
@@ -586,34 +593,22 @@ def _rebuild(kinds: dict[str, tuple[str, dict[str, Any]]], data: dict, steps: di
     kind's value again (`lox_core.media.rebuild`), where all of them are there,
     with the same steps; in place of its first series."""
     owner: dict[str, str] = {}  # series name -> the key whose value takes it
-    for key, (kind, _) in kinds.items():
-        fields = media.media_class(kind).fields
-        names = [key] if len(fields) == 1 else [f"{key}/{field}" for field in fields]
+    names_of = {key: media.media_class(kind).series_names(key) for key, (kind, _) in kinds.items()}
+    for key, names in names_of.items():
         if all(n in data for n in names) and (len(names) == 1 or key not in data) and _same_steps(names, data, steps):
             owner.update((name, key) for name in names)
-    if not owner:
-        return data, steps
-    rebuilt: dict[str, Any] = {}
-    for name, value in data.items():
-        key = owner.get(name)
-        if key is None:
-            rebuilt[name] = value
-        elif key not in rebuilt:  # where its first series was
-            kind, options = kinds[key]
-            fields = media.media_class(kind).fields
-            arrays = [data[key]] if len(fields) == 1 else [data[f"{key}/{field}"] for field in fields]
-            try:
-                rebuilt[key] = media.rebuild(kind, options, arrays)
-            except TypeError as e:
-                raise ValueError(
-                    f"the lox.kinds metadata gives key {key!r} the options {options} ({e}); remove that entry "
-                    "to read the key's arrays as they are."
-                ) from None
-    by_key: dict[str, dict] = {name: {} for name in steps}
-    for step_name, per_key in steps.items():
-        for name, s in per_key.items():
-            by_key[step_name].setdefault(owner.get(name, name), s)  # a key's series share its steps
-    return rebuilt, by_key
+
+    def value_of(key: str):
+        kind, options = kinds[key]
+        try:
+            return media.rebuild(kind, options, [data[name] for name in names_of[key]])
+        except TypeError as e:
+            raise ValueError(
+                f"the lox.kinds metadata gives key {key!r} the options {options} ({e}); remove that entry "
+                "to read the key's arrays as they are."
+            ) from None
+
+    return _gathered(owner, data, steps, value_of)
 
 
 def _metadata(table: pa.Table) -> dict[str, str]:

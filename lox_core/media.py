@@ -66,12 +66,15 @@ class Media:
         """The same kind and options holding `arrays` (in `fields` order)."""
         return type(self)(*arrays, **self.options)
 
+    @classmethod
+    def series_names(cls, key: str) -> list[str]:
+        """The series names of this kind under `key`, in `fields` order: the key
+        itself for one array, ``key/field`` for each array of several."""
+        return [key] if len(cls.fields) == 1 else [f"{key}/{name}" for name in cls.fields]
+
     def series(self, key: str) -> list[tuple[str, Any]]:
-        """The series this value gives under `key`: the key itself for one
-        array, ``key/field`` for each array of several."""
-        if len(self.fields) == 1:
-            return [(key, getattr(self, self.fields[0]))]
-        return [(f"{key}/{name}", getattr(self, name)) for name in self.fields]
+        """The series this value gives under `key` (`series_names`), with their arrays."""
+        return list(zip(self.series_names(key), (getattr(self, name) for name in self.fields), strict=True))
 
     def __getitem__(self, index) -> Media:
         """Index every array along its leading axes: ``logs["samples"][0]`` is the first event's image."""
@@ -89,8 +92,6 @@ class Media:
     def dtype_class(self) -> str:
         """What the numbers of its first array mean: ``integer`` (uint8 pixels,
         int16 samples) or ``float`` (in [0, 1] or [-1, 1]); a histogram's, ``counts``."""
-        if isinstance(self, Histogram):
-            return "counts"
         dtype = getattr(getattr(self, self.fields[0]), "dtype", None)
         return "integer" if dtype is not None and np.issubdtype(np.dtype(dtype), np.integer) else "float"
 
@@ -108,7 +109,16 @@ class Media:
         return f"lox.{self.kind}({shown}{options})"
 
 
-class Image(Media):
+class _OneArray(Media):
+    """A kind of one array (image, video, audio), which NumPy reads as that array."""
+
+    __slots__ = ()
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(getattr(self, self.fields[0]), dtype=dtype)
+
+
+class Image(_OneArray):
     """An image, or a batch of them: ``(H, W)``, ``(H, W, C)`` or ``(N, H, W, C)``
     with C in 1, 3, 4 (grey, RGB, RGBA); floats in [0, 1] or uint8."""
 
@@ -119,11 +129,8 @@ class Image(Media):
     def __init__(self, pixels):
         self.pixels = pixels
 
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.pixels, dtype=dtype)
 
-
-class Video(Media):
+class Video(_OneArray):
     """A video, or a batch of them: ``(T, H, W, C)`` or ``(N, T, H, W, C)``,
     floats in [0, 1] or uint8, at `fps` frames per second."""
 
@@ -139,11 +146,8 @@ class Video(Media):
     def options(self) -> dict[str, Any]:
         return {"fps": self.fps}
 
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.frames, dtype=dtype)
 
-
-class Audio(Media):
+class Audio(_OneArray):
     """A clip: mono ``(L,)`` or ``(L, C)`` channels, floats in [-1, 1] (or
     int16 samples), at `rate` samples per second."""
 
@@ -159,9 +163,6 @@ class Audio(Media):
     def options(self) -> dict[str, Any]:
         return {"rate": self.rate}
 
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.samples, dtype=dtype)
-
 
 class Histogram(Media):
     """Counts per bin (``(bins,)``) and the bins' edges (``(bins + 1,)``): bin
@@ -175,6 +176,9 @@ class Histogram(Media):
     def __init__(self, counts, edges):
         self.counts = counts
         self.edges = edges
+
+    def dtype_class(self) -> str:
+        return "counts"
 
 
 _CLASSES: dict[str, type[Media]] = {cls.kind: cls for cls in (Image, Video, Audio, Histogram)}
@@ -376,9 +380,9 @@ def check(key: str, value, where: str = "lox.log") -> None:
                     f"log it under a key of its own, e.g. `{{\"{key}/...\": lox.{leaf.kind}(x)}}`."
                 )
         return
-    shape = tuple(np.shape(getattr(value, value.fields[0])))
-    dtype = np.dtype(getattr(value, value.fields[0]).dtype) if hasattr(getattr(value, value.fields[0]), "dtype") \
-        else np.asarray(getattr(value, value.fields[0])).dtype
+    first = getattr(value, value.fields[0])
+    shape = tuple(np.shape(first))
+    dtype = np.dtype(first.dtype) if hasattr(first, "dtype") else np.asarray(first).dtype
     got = f"shape {shape} and dtype {dtype.name}"
     if isinstance(value, (Image, Video)):
         name, ndims, form = ("lox.image", (2, 3, 4), "(H, W), (H, W, C) or (N, H, W, C)") if isinstance(value, Image) \
