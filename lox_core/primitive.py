@@ -196,7 +196,9 @@ def _check_tags(tags) -> tuple[str, ...]:
 
 
 @functools.cache
-def _loggable(dtype) -> bool:
+def loggable(dtype) -> bool:
+    """Whether arrays of `dtype` can be logged: numbers (bfloat16 and the other
+    narrow floats JAX knows included) and booleans."""
     return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
 
 
@@ -227,7 +229,7 @@ def _check_value(key: str, leaf):
             "arrays (or pytrees of them), a kind (`lox.image(x)`...) or text (a str, as the whole value of "
             "a key) can be logged."
         )
-    if not _loggable(dtype):
+    if not loggable(dtype):
         raise TypeError(
             f"`lox.log` got an array of dtype {dtype} for key {key!r}; only numeric and boolean "
             "arrays can be logged."

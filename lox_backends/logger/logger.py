@@ -52,6 +52,7 @@ from lox_core import failures, media, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
+from lox_core.primitive import loggable
 from lox_core.transform import traced
 
 __all__ = ["BackendError", "Logger", "LoggerState", "from_config", "backend_logger", "ConsoleLogger",
@@ -404,7 +405,7 @@ class Logger:
                 continue
             shape, dtype = np.shape(value), getattr(value, "dtype", None)
             # jnp's issubdtype: bfloat16 and float8 are numbers to JAX, not to NumPy
-            if dtype is None or not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)) or \
+            if dtype is None or not loggable(dtype) or \
                     jnp.issubdtype(dtype, jnp.complexfloating) or shape not in ((), run_shape):
                 raise TypeError(
                     f"`logger.summary` got {name!r} = {type(value).__name__} of shape {shape} and dtype {dtype}: a "
@@ -894,7 +895,7 @@ def _check_value(key: str, value, runs_shape: tuple[int, ...]) -> None:
                 "(or pytrees of them), a kind (`lox.image(x)`...) or text (a str, or a rectangular list of them, "
                 "as the whole value of a key)."
             )
-        if dtype is not None and not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        if dtype is not None and not loggable(dtype):
             raise TypeError(
                 f"`logger.log` got an array of dtype {dtype} for key {key!r}; log numeric or boolean arrays, or "
                 "text as a str or a NumPy array of str (not bytes)."
