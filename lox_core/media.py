@@ -370,6 +370,8 @@ def check(key: str, value, where: str = "lox.log") -> None:
     """Refuse a logged value whose kind cannot show its shape or dtype, or a
     media value inside a pytree, naming `key`. `value` is one event (no event
     axis), as `lox.log` gets it."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, numbers.Number)):
+        return  # the common case, an array or a number (tracers too): nothing to walk
     if not isinstance(value, Media):
         for path, leaf in jax.tree_util.tree_flatten_with_path(
                 value, is_leaf=lambda x: isinstance(x, Media))[0]:
