@@ -101,6 +101,14 @@ default_output_state = _defined("lox_default_output", lambda: _config.enum_state
     include_in_jit_key=True, include_in_trace_context=True), "console")
 
 
+# The destination (`lox_core.active`) of the keyed `logger.active` block open in
+# this thread, or 0: in the jit key, so that a function run in such a block is
+# traced and compiled for it (its logs bound even with the default "off").
+active_run_state = _defined("lox_active_run", lambda: _config.int_state(
+    "lox_active_run", 0, "The keyed `logger.active` block open in this thread (0: none).",
+    include_in_jit_key=True, include_in_trace_context=True), 0)
+
+
 def capturing():
     """Within: traces made belong to a lox transform, so every `lox.log`
     binds. With the default "console" every log binds anyway, and the trace
@@ -115,9 +123,11 @@ def set_default_output(mode: str) -> None:
 
 
 def logs_seen(outside: bool = False) -> bool:
-    """Whether a `lox.log` now would be seen: the default prints, or a lox
-    transform is tracing (with `outside`: a transform around the one tracing)."""
-    return default_output_state.value == "console" or transform_depth_state.value > (1 if outside else 0)
+    """Whether a `lox.log` now would be seen: the default prints, a keyed
+    `logger.active` block is open, or a lox transform is tracing (with
+    `outside`: a transform around the one tracing)."""
+    return (default_output_state.value == "console" or active_run_state.value != 0
+            or transform_depth_state.value > (1 if outside else 0))
 
 
 # The effects of `jax.debug.callback`, which lox's host calls share so that their

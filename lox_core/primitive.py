@@ -20,7 +20,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from lox_core import _compat, media, printing
+from lox_core import _compat, active, failures, media, printing
 from lox_core.logdict import logdict, trusted
 from lox_core.series import check_own_series
 
@@ -86,7 +86,9 @@ def log(
 
     Inside `lox.spool` the event becomes an output of the compiled program,
     inside `lox.tap` a call of the tap's callback, inside `lox.nolog` nothing.
-    With no transform around it the event is printed (see `lox.set_default`).
+    With no transform around it the event goes to the run of the innermost
+    ``with logger.active(state):`` block, or else is printed (see
+    `lox.set_default`).
     Returns the event as a one-event logdict.
 
     >>> import jax, jax.numpy as jnp, lox
@@ -131,6 +133,9 @@ def log(
         # Nothing would see it (no lox transform is tracing, the default is
         # "off"): no primitive, so a `jax.jit` of this code has no effect.
         return event_logdict(values, dict(zip(steps, step_values, strict=True)))
+    destination = active.current()
+    if destination is not None and destination.per_device_error is not None and _compat.manual_axes():
+        raise ValueError(destination.per_device_error)
     site = Site(
         keys=tuple(values), trees=tuple(trees), step_names=tuple(steps), tags=tags,
         explicit=bool(explicit), batch_ndim=0, in_select=False,
@@ -155,9 +160,13 @@ def _log_text(data: dict, values: dict, texts: dict, steps: dict, prefix: str) -
     host = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in values.items()}  # a kind stays a kind
     both = {prefix + k: texts.get(prefix + k, host.get(prefix + k)) for k in data}  # in the call's key order
     steps = {name: np.asarray(s) for name, s in steps.items()}
-    if printing.default_enabled():
+    event = event_logdict(both, steps, expand=lambda x: np.asarray(x)[None])
+    destination = active.current()
+    if destination is not None:
+        destination.deliver(0, event, None)
+    elif printing.default_enabled():
         printing.print_event(both, steps)
-    return event_logdict(both, steps, expand=lambda x: np.asarray(x)[None])
+    return event
 
 
 def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
@@ -297,7 +306,7 @@ def _impl(*operands, **params):
     site = site_of(params)
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
-    printing.default_output(site, operands)
+    uncaptured(site, operands, active.current())  # eager: this thread's block, errors raised here
     return event_outputs(operands)
 
 
@@ -305,12 +314,29 @@ def _lowering(*operands, **params):
     site = site_of(params)
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
-    if printing.default_enabled():
-        jax.debug.callback(lambda *ops: printing.default_output(site, ops), *operands)
+    key = active.compiled_key()  # a keyed `logger.active` block this program is compiled for, or 0
+    if printing.default_enabled() or key:
+        note = f"raised by lox while sending an event of keys {', '.join(map(repr, site.keys))} to the active run"
+
+        def on_host(*ops):
+            # Found when the event arrives (a program compiled before an unkeyed block has no key).
+            failures.guarded(lambda: uncaptured(site, ops, active.for_host_call(key)), note)
+
+        jax.debug.callback(on_host, *operands)
     return event_outputs(operands)
 
 
 mlir.register_lowering(log_p, mlir.lower_fun(_lowering, multiple_results=True))
+
+
+def uncaptured(site: Site, operands, destination: active.Destination | None) -> None:
+    """An event that no transform captured, on the host: to `destination`
+    (the active run), or else printed as the default says."""
+    if destination is None:
+        printing.default_output(site, operands)
+        return
+    values, steps = site.split([np.asarray(x) for x in operands])
+    destination.deliver(site.batch_ndim, active.event(values, steps, site.batch_ndim), None)
 
 
 def _jvp(primals, tangents, **params):

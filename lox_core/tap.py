@@ -11,6 +11,7 @@ import numpy as np
 
 from lox_core import _compat
 from lox_core import buffer as buffering
+from lox_core.active import current as active_destination
 from lox_core.delivery import Delivery, print_event
 from lox_core.host import callback_name, chain_end, chain_start, host_call
 from lox_core.interpreter import Handler, in_while_predicate, single_event, unique_objects
@@ -277,7 +278,8 @@ def tap(
     shape it was logged with (a scalar as a NumPy scalar), and the steps as
     ints (``event["loss"]``, ``event.step``). ``event.to_logdict()`` is the
     one-event `lox.logdict` of the `spool` convention, so the events add up to
-    the spooled logs. The default callback prints the event. `argnames`,
+    the spooled logs. The default callback prints the event, or inside
+    ``with logger.active(state):`` sends it to the state's runs. `argnames`,
     `tags` and `prefix` work as in `lox.spool`; unselected events stay in the
     function.
 
@@ -369,8 +371,19 @@ def tap(
 
     # The token comes first (`leading=1`).
     program = jitted(fun, options, make_impl, static_argnums, static_argnames, leading=1)
+    routed: dict[int, Callable] = {}  # with no callback: `fun` tapped to each active run it was called in
 
     def call(*args, **kwargs):
+        destination = active_destination() if callback is None else None
+        if destination is not None:  # inside `with logger.active(state)`: to its runs, not the console
+            to = routed.get(destination.key)
+            if to is None:
+                to = routed[destination.key] = tap_with_context(
+                    fun, lambda nd, event, _, took: destination.deliver(nd, event, took), argnames=argnames,
+                    tags=tags, prefix=prefix, buffer=buffer, static_argnums=static_argnums,
+                    static_argnames=static_argnames,
+                    block_callback=lambda nd, logs, _: destination.deliver_block(nd, logs))
+            return to((), *args, **kwargs)  # no context: the destination routes by itself
         out, token = program((chain_start(),), args, kwargs)
         chain_end(token)
         if not traced((args, kwargs)):

@@ -17,6 +17,7 @@ interpreter exit (`lox_backends.logger.shutdown`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -36,6 +37,7 @@ import pyarrow as pa
 
 from lox_backends.logger import metadata as run_metadata
 from lox_backends.logger import shutdown, worker
+from lox_backends.logger.active_run import ActiveRun
 from lox_backends.logger.checks import LogChecks
 from lox_backends.logger.pending import Part, Waiting
 from lox_backends.logger.processes import Job, host_local
@@ -48,7 +50,7 @@ from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.layout import DEFAULT_DIR
 from lox_backends.runstore.table import check_summary_name, flatten
-from lox_core import failures, media, runtime, schema, spool, tap
+from lox_core import active, failures, media, runtime, schema, spool, tap
 from lox_core.arrow import to_arrow_runs
 from lox_core.host import chain_end, chain_start, host_call
 from lox_core.logdict import logdict
@@ -155,6 +157,7 @@ class Logger:
         self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
         self._named_inits: dict[str, int] = {}  # group -> `init(run_id=...)` calls so far (keys agreed by processes)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
+        self._destinations: dict[tuple, ActiveRun] = {}  # `active` blocks' runs -> their destination (one each)
         self._closed = False
         shutdown.register(self)
 
@@ -334,6 +337,61 @@ class Logger:
             return tapped(state.run, *args, **kwargs)
 
         return run
+
+    def active(self, state: LoggerState) -> contextlib.AbstractContextManager[LoggerState]:
+        """Within ``with logger.active(state):``, every `lox.log` that no
+        `spool`, `tap` or `nolog` captures goes to the state's runs: eagerly,
+        inside `jax.jit` (functions jitted without lox, library code), as
+        `logger.tap` sends its events (host calls chained, not ordered). A
+        vmapped state (``jax.vmap(logger.init)(keys)``) sends element i of a
+        vmapped function's events to run i, in one host call for all runs; an
+        event that is not vmapped goes to every run. A `lox.tap(f)` without a
+        callback sends there too, ``buffer=K`` included.
+
+        Blocks nest (the innermost wins) and belong to the thread (context)
+        that opens them; outside any block `lox.set_default` applies. Leaving
+        the block waits for the events of what was dispatched in it. With the
+        default ``"console"``, functions compiled before the block send their
+        events to it without being traced again; with ``"off"``, a function
+        compiled before the block has no host call: it is traced and compiled
+        again, once, when it runs inside the block (see docs/anywhere.md).
+
+        >>> import jax, jax.numpy as jnp, lox
+        >>> logger = lox.loggers.from_config("memory")
+        >>> @jax.jit
+        ... def evaluate(x):
+        ...     lox.log({"acc": x.mean()}, step=7)  # library code: no logger in sight
+        ...     return x
+        >>> state = logger.init(name="eval")
+        >>> with logger.active(state):
+        ...     _ = evaluate(jnp.arange(4.0))
+        >>> logger.finish(state)
+        >>> logger.backends[0].logs()["acc"].tolist(), logger.backends[0].logs().step["acc"].tolist()
+        ([1.5], [7])
+        """
+        self._check_open()
+        self._check_state(state, "active")
+        if traced(state):
+            raise TypeError(
+                "`logger.active` takes the state itself, not a traced one: open the block outside `jax.jit`, "
+                "`vmap` and lox transforms (`with logger.active(state): train(...)`), with the state `logger.init` "
+                "returned."
+            )
+        runs = np.array(state.run)
+        signature = (runs.shape, runs.tobytes())
+        destination = self._destinations.get(signature)
+        if destination is None:
+            # One per set of runs: a block opened again reuses what was compiled for it.
+            destination = self._destinations[signature] = ActiveRun(
+                runs, self._receive_event, self._receive_block, self._checks.check, self._job.per_device_error)
+
+        @contextlib.contextmanager
+        def block():
+            with active.activate(destination):
+                yield state
+            self._check_open()  # what went wrong writing the block's logs, raised where it ends
+
+        return block()
 
     def log(self, state: LoggerState, logs: logdict | Mapping[str, Any], **steps: Any) -> None:
         """Write a logdict (e.g. spooled logs) to the state's runs; works inside

@@ -80,6 +80,26 @@ def main(scenario: str, pid: int, count: int, port: str, folder: str, mode: str)
         tap = jax.jit(jax.vmap(lambda s, x: logger.tap(lambda x: (lox.log({"x": x}, step=1), 2 * x)[1], s)(x)))
         tap(states, jnp.arange(3.0))
         logger.finish(states)
+    elif scenario == "active":  # every log the block does not capture goes to the states' runs
+        logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
+        states = jax.vmap(logger.init)(jax.random.split(jax.random.key(0), 2))
+        report["runs"] = [run.run_id for run in logger.runs()]
+        step = jax.jit(jax.vmap(train_step, in_axes=(0, None, None)))  # plain JAX: no logger in it
+
+        def per_device(b):
+            lox.log({"rows": b.sum()}, step=4)
+            return b
+
+        ws = jnp.stack([jnp.zeros(4), jnp.ones(4)])
+        with logger.active(states):
+            for i in range(3):
+                ws = step(ws, batch, i)
+            lox.log({"done": 1}, step=3)  # eager: every process runs it, process 0 writes it
+            try:  # per device: each process's devices would log their own rows
+                jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("data"), out_specs=P("data")))(batch)
+            except ValueError as error:
+                report["error"] = str(error)
+        logger.finish(states)
     elif scenario == "refuse":  # a logger call inside shard_map: refused by default
         logger = lox.loggers.from_config(f"parquet:{folder}", processes=mode)
         state = logger.init()

@@ -117,6 +117,23 @@ def test_logger_calls_in_shard_map_are_refused_by_default_and_per_process_with_e
     assert sorted(len(logs["loss"]) for logs in got.values()) == [4, 4]
 
 
+def test_an_active_run_in_a_two_process_job_is_written_once_as_one_process_writes_it(tmp_path):
+    reports = run_job("active", tmp_path / "job")
+    (alone,) = run_job("active", tmp_path / "alone", processes=1)
+    assert reports[0]["runs"] == reports[1]["runs"] and len(reports[0]["runs"]) == 2
+    for report in reports:  # logs inside shard_map, whose host calls run on every device: refused alike
+        assert report["error"].startswith("a lox logger is called inside shard_map or pmap in a job of 2 processes")
+    assert "error" not in alone
+    got, want = reader.load(tmp_path / "job"), reader.load(tmp_path / "alone")
+    assert list(got) == reports[0]["runs"]
+    for run_got, run_want in zip(got.values(), want.values(), strict=True):
+        keys = ["loss", "grad_norm", "done"]  # jitted on a batch sharded across processes, and eager
+        expected = lox.logdict({k: run_want[k] for k in keys}, {"step": {k: run_want.step[k] for k in keys}})
+        assert_logs_equal(run_got, expected, rtol=1e-6)
+        assert run_got.step["loss"].tolist() == [0, 1, 2] and run_got["done"].tolist() == [1]
+        assert run_want["rows"].shape == (8,)  # one process of 8 devices: each device's rows, in each run
+
+
 def test_a_run_id_is_resumed_alike_on_every_process_and_refused_alike_when_it_exists(tmp_path):
     # Process 0 looks for the run (it writes); process 1 takes what it decided.
     reports = run_job("resume", tmp_path)

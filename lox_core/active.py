@@ -1,0 +1,170 @@
+"""Where the logs that no transform captures go: the active destination.
+
+``with logger.active(state):`` (`lox_backends.logger`) makes a *destination*
+active in the calling thread (a `contextvars` stack: blocks nest, the
+innermost wins). Every `lox.log` that no `spool`, `tap` or `nolog` captures
+then goes to it instead of the console: an eager one at once, in the caller's
+thread; one inside a compiled program through that program's host call, when
+the event reaches the host. A `lox.tap` with no callback sends to it too.
+
+A compiled program does not know which thread dispatched it, so its host call
+finds its destination one of two ways:
+
+- *keyed*: the block set a JAX configuration value in the jit key (per
+  thread), so functions run inside the block are traced and compiled for it,
+  and their host calls name its destination. Blocks are keyed when the default
+  is ``"off"`` (its compiled functions have no host call: those run inside the
+  block are compiled again, once, with one), when a block of another thread is
+  open, and inside a keyed block.
+- *unkeyed*: with the default ``"console"`` a first block leaves the jit key as
+  it is, so functions compiled before it keep their program (no retrace); their
+  host call sends each event to the innermost unkeyed block open when it
+  arrives, and prints it when none is.
+
+Leaving a block waits for the events of the programs dispatched in it
+(`jax.effects_barrier`), so none of them arrives after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import threading
+from typing import Any, Iterator, NamedTuple, Protocol
+
+import jax
+import numpy as np
+
+from lox_core import _compat, failures
+from lox_core.logdict import logdict, trusted
+
+
+class Destination(Protocol):
+    """What an active block sends to (a Logger's runs)."""
+
+    key: int  # one per destination, never reused: the jit key of keyed blocks
+    # Why a log inside `shard_map` (whose host calls run per device) cannot reach it, or None.
+    per_device_error: str | None
+
+    def deliver(self, batch_ndim: int, event: logdict, took: np.ndarray | None) -> None:
+        """One event on the host: its arrays have `batch_ndim` vmap axes, then
+        an event axis of 1; `took` (None: all) says which elements logged it."""
+
+    def deliver_block(self, batch_ndim: int, logs: logdict) -> None:
+        """Several events at once (a buffered tap's), `batch_ndim` vmap axes in front."""
+
+
+class _Entry(NamedTuple):
+    destination: Destination
+    keyed: bool
+
+
+_stack: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar("lox_active", default=())
+# The innermost entry of every thread with a block open, for host calls (which
+# run in threads of their own and cannot read the dispatching thread's context).
+_open: dict[int, list[_Entry]] = {}
+_by_key: dict[int, Destination] = {}
+_lock = threading.Lock()
+_keys = itertools.count(1)
+
+
+def new_key() -> int:
+    """A key for a new destination (0 means none)."""
+    return next(_keys)
+
+
+def current() -> Destination | None:
+    """The innermost destination active in this thread (context), or None."""
+    stack = _stack.get()
+    return stack[-1].destination if stack else None
+
+
+@contextlib.contextmanager
+def activate(destination: Destination) -> Iterator[Destination]:
+    """Within: uncaptured logs go to `destination` (see the module docstring)."""
+    stack = _stack.get()
+    thread = threading.get_ident()
+    with _lock:
+        others = {entries[-1].destination.key for t, entries in _open.items() if t != thread and entries}
+        keyed = (
+            _compat.default_output_state.value == "off"
+            or bool(others - {destination.key})
+            or any(entry.keyed for entry in stack)
+        )
+        entry = _Entry(destination, keyed)
+        _open.setdefault(thread, []).append(entry)
+        _by_key[destination.key] = destination
+    token = _stack.set((*stack, entry))
+    key_context = _compat.active_run_state(destination.key) if keyed else contextlib.nullcontext()
+    try:
+        with key_context:
+            yield destination
+            # The events of what was dispatched in the block arrive before it ends.
+            _compat.wait_for_effects()
+    finally:
+        _stack.reset(token)
+        with _lock:
+            entries = _open[thread]
+            entries.remove(entry)
+            if not entries:
+                del _open[thread]
+            if not any(e.destination.key == destination.key for es in _open.values() for e in es):
+                _by_key.pop(destination.key, None)
+    failures.raise_pending()  # what a host call of the block raised, raised where the block ends
+
+
+def compiled_key() -> int:
+    """The destination key the program being traced or lowered now is
+    compiled for (a keyed block's), or 0."""
+    return _compat.active_run_state.value
+
+
+def for_host_call(key: int) -> Destination | None:
+    """Where an event of a compiled program goes, when it reaches the host:
+    the destination it was compiled for (`key`), if its block is still open;
+    else, for a program compiled outside keyed blocks, the one unkeyed block
+    open (None: none is; the default applies)."""
+    if key:
+        return _by_key.get(key)
+    with _lock:
+        unkeyed = {entries[-1].destination.key: entries[-1].destination
+                   for entries in _open.values() if entries and not entries[-1].keyed}
+    if len(unkeyed) > 1:  # not made by `activate`, which keys a second thread's block; asyncio tasks can
+        raise RuntimeError(
+            "lox.log: blocks of several `logger.active(...)` are open at once in one thread's tasks, and an "
+            "event of a program compiled outside them cannot tell whose it is. Open them with "
+            "`lox.set_default('off')` (functions are then compiled per block), or pass the logger explicitly "
+            "(`logger.tap(f, state)`)."
+        )
+    return next(iter(unkeyed.values()), None)
+
+
+def event(values: dict, steps: dict, batch_ndim: int) -> logdict:
+    """One event as the host call gave it (NumPy arrays with `batch_ndim` vmap
+    axes) with its event axis after the vmap axes, as copies (XLA may reuse the
+    host call's buffers)."""
+    expand = lambda x: np.expand_dims(np.array(x), batch_ndim)  # noqa: E731
+    data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
+    per_name = {name: dict.fromkeys(data, expand(s)) for name, s in steps.items()} if data else {}
+    return trusted(data, per_name)
+
+
+def runs_for(runs: np.ndarray, batch_shape: tuple[int, ...], keys: Any) -> tuple[np.ndarray, bool]:
+    """The run of each element of an event vmapped over `batch_shape`, for a
+    block whose state holds `runs`: element i of a vmap over the runs goes to
+    run i (inner vmap axes to the same run), an event that is not vmapped to
+    every run. Returns the runs, of the event's batch shape, and whether the
+    event must first be given to every run (broadcast over `runs`' axes)."""
+    runs = np.asarray(runs)
+    if runs.ndim == 0:
+        return np.broadcast_to(runs, batch_shape), False
+    if not batch_shape:
+        return runs, True
+    if tuple(batch_shape[: runs.ndim]) == runs.shape:
+        return np.broadcast_to(runs.reshape(runs.shape + (1,) * (len(batch_shape) - runs.ndim)), batch_shape), False
+    raise ValueError(
+        f"lox.log of {keys}: the active run's state holds runs of shape {runs.shape} (one per seed), but the event "
+        f"is vmapped over {tuple(batch_shape)}. Vmap the function over the seeds, with one element per run "
+        "(`jax.vmap(step)(...)` of the same size as `jax.vmap(logger.init)(keys)`), or open the block with one run."
+    )
