@@ -43,9 +43,17 @@ from lox_backends.logger.pending import Part, Waiting
 from lox_backends.logger.processes import Job, host_local
 from lox_backends.logger.resume import Resume
 from lox_backends.logger.runs import Runs, new_group, safe_name
+from lox_backends.logger.system import Sampler
 from lox_backends.logger.worker import BackendError, BackendWorker, Worker
 from lox_backends.plugin import hooks
-from lox_backends.plugin.config import BackendConfig, check_logger_options, check_media_limit, parse, seconds
+from lox_backends.plugin.config import (
+    BackendConfig,
+    check_logger_options,
+    check_media_limit,
+    check_system,
+    parse,
+    seconds,
+)
 from lox_backends.plugin.registry import registry
 from lox_backends.runstore import filesystems
 from lox_backends.runstore.layout import DEFAULT_DIR
@@ -114,9 +122,11 @@ class Logger:
         max_pending: int = DEFAULT_MAX_PENDING,
         on_error: str = "raise",
         media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
+        system: float | None = None,
     ):
         timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
         media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
+        system = check_system(system)
         if not backends:
             raise ValueError("a lox Logger needs at least one backend, e.g. `lox.loggers.from_config('parquet:runs')`.")
         for backend in backends:
@@ -157,6 +167,12 @@ class Logger:
         self._announced: set[int] = set()  # runs whose open_run went to the backends (router thread)
         self._named_inits: dict[str, int] = {}  # group -> `init(run_id=...)` calls so far (keys agreed by processes)
         self._router = Worker(f"lox-{safe}", every=BATCHES_EVERY, periodic=self._tick)
+        self.system: float | None = system  # seconds between samples of system metrics (None: none)
+        # Sampled by a process that writes, from its first run on (lox_backends.logger.system).
+        self._system: Sampler | None = None
+        if system is not None and self._job.writes:
+            self._system = Sampler(system, f"lox-system-{safe}", self._router, self._write_system,
+                                   self._runs.any_open, MAX_ROUTER_BACKLOG)
         self._destinations: dict[tuple, ActiveRun] = {}  # `active` blocks' runs -> their destination (one each)
         self._closed = False
         shutdown.register(self)
@@ -564,6 +580,8 @@ class Logger:
         if run.index not in self._announced:
             self._announced.add(run.index)
             self._to_backends(lambda b: b.open_run(run), label="open_run")
+            if self._system is not None:
+                self._system.start()
 
     def _send_waiting(self) -> None:
         """What waits, as one table per run and part, to every backend. Logs that
@@ -596,11 +614,30 @@ class Logger:
                 failed = failed or error
         for run in {run.index: run for run, _ in tables}.values():
             self._announce(run)  # a run whose logs overtook its `init` callback
+        if self._system is not None:
+            self._system.saw(tables)  # each run's latest step, where its system metrics go
         if tables:
             self._dirty = True
             self._write(tables, nbytes)
         if failed is not None:
             raise failed
+
+    def _write_system(self, values: dict[str, float]) -> None:
+        """A sample of system metrics (`lox_backends.logger.system`) to every open
+        run, after what was logged before it, at the latest step that reached the logger."""
+        assert self._system is not None
+        self._send_waiting()
+        tables: list[tuple[hooks.RunInfo, pa.Table]] = []
+        nbytes = 0
+        for run_numbers, logs in self._system.rows(values, [self._runs[n] for n in self._runs.open_numbers()]):
+            converted, size, _ = self._tables(Part(run_numbers, 1, logs))  # a run closed since is left out
+            tables += converted
+            nbytes += size
+        for run, _ in tables:
+            self._announce(run)
+        if tables:
+            self._dirty = True
+            self._write(tables, nbytes)
 
     def _lose(self, numbers: np.ndarray | None) -> None:
         """Runs (all those open, without `numbers`) some of whose logs were not written."""
@@ -701,6 +738,8 @@ class Logger:
             # -1: no run (an `init` under vmap or jit that failed: its error is `pending`, raised below).
             numbers = [int(n) for n in np.asarray(host_local(state.run)).reshape(-1) if n >= 0]
             self._close_runs(self._runs.finishing(numbers, strict=self._job.writes), timeout)
+            if self._system is not None:
+                self._system.poke()  # its thread ends if no run is open
         finally:
             if pending is not None:
                 raise pending
@@ -745,6 +784,8 @@ class Logger:
             return
         self._closed = True
         shutdown.discard(self)
+        if self._system is not None:
+            self._system.stop()
         runtime.wait_for_effects()  # without raising a callback's exception: closing must not stop halfway
         stuck = False
         closing = self._runs.finishing(self._runs.open_numbers()) if self._job.writes else []
@@ -908,6 +949,8 @@ class Logger:
         """Give up the backends without closing them (`MultiLogger` takes them)."""
         self._closed = True
         shutdown.discard(self)
+        if self._system is not None:
+            self._system.stop()
         self._router.stop()
         for outlet in self._outlets:
             outlet.stop()
@@ -1011,6 +1054,7 @@ def from_config(
     max_pending: int = DEFAULT_MAX_PENDING,
     on_error: str = "raise",
     media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
+    system: float | None = None,
 ) -> Logger:
     """A Logger for a config string such as ``"console,parquet:runs"``.
 
@@ -1028,8 +1072,15 @@ def from_config(
     audio, histograms or text (default 64 MiB): a bigger one is refused at the
     call, naming the key. An int applies to every key; a dict gives keys
     limits of their own, and ``"*"`` every other key's.
+
+    ``system=N`` writes system metrics to every open run every N seconds:
+    host CPU and memory, this process's memory, each local device's memory
+    in use and peak (GPUs, TPUs), and the run's steps per second, as keys
+    ``system/...`` at the run's latest step (see
+    `lox_backends.logger.system`). None (the default): none.
     """
     media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
+    system = check_system(system)
     if config is None:
         config = os.environ.get("LOX_BACKENDS") or DEFAULT_CONFIG
     # The options first: refused before any backend is made (and `timeout` bounds making them).
@@ -1037,7 +1088,7 @@ def from_config(
     with filesystems.time_limit(timeout):  # a backend checks its bucket when it is made
         backends = [registry.create(c) for c in parse(config)]
     return Logger(backends, name=name, timeout=timeout, flush_every=flush_every, processes=processes,
-                  max_pending=max_pending, on_error=on_error, media_limit=media_limit)
+                  max_pending=max_pending, on_error=on_error, media_limit=media_limit, system=system)
 
 
 def backend_logger(
@@ -1051,6 +1102,7 @@ def backend_logger(
     max_pending: int = DEFAULT_MAX_PENDING,
     on_error: str = "raise",
     media_limit: int | Mapping[str, int] = DEFAULT_MEDIA_LIMIT,
+    system: float | None = None,
     **options: Any,
 ) -> Logger:
     """A Logger for one backend by name: ``backend_logger("parquet", "runs",
@@ -1058,10 +1110,12 @@ def backend_logger(
     config = BackendConfig(backend, target, {k: str(v) for k, v in options.items()})
     timeout, flush_every, max_pending = check_logger_options(timeout, flush_every, max_pending, on_error, ON_ERROR)
     media_limit = check_media_limit(media_limit, DEFAULT_MEDIA_LIMIT)
+    system = check_system(system)
     with filesystems.time_limit(timeout):  # a backend checks its bucket when it is made
         made = registry.create(config)
     return Logger([made], name=name, timeout=timeout, flush_every=flush_every,
-                  processes=processes, max_pending=max_pending, on_error=on_error, media_limit=media_limit)
+                  processes=processes, max_pending=max_pending, on_error=on_error, media_limit=media_limit,
+                  system=system)
 
 
 def ConsoleLogger(**options: Any) -> Logger:  # noqa: N802 - the name users know
@@ -1089,7 +1143,8 @@ def SaveLogger(path: str | os.PathLike[str] = DEFAULT_DIR, **options: Any) -> Lo
 
 def MultiLogger(*loggers: Logger, name: str = "lox", processes: str = "first") -> Logger:  # noqa: N802
     """One Logger writing to the backends of all `loggers` (which must not have
-    opened runs yet: their backends now belong to the combined logger).
+    opened runs yet: their backends now belong to the combined logger). It
+    samples system metrics at the least `system` interval of theirs, if any.
 
     >>> both = MultiLogger(backend_logger("memory"), backend_logger("memory"))
     >>> [type(b).__name__ for b in both.backends]
@@ -1112,7 +1167,8 @@ def MultiLogger(*loggers: Logger, name: str = "lox", processes: str = "first") -
                   flush_every=min(lg._flush_every for lg in loggers), processes=processes,
                   max_pending=min(lg.max_pending for lg in loggers),
                   on_error="raise" if any(lg.on_error == "raise" for lg in loggers) else "warn",
-                  media_limit=loggers[0].media_limit if len(loggers) == 1 else _least_limits(loggers))
+                  media_limit=loggers[0].media_limit if len(loggers) == 1 else _least_limits(loggers),
+                  system=min((lg.system for lg in loggers if lg.system is not None), default=None))
 
 
 def _least_limits(loggers: Sequence[Logger]) -> dict[str, int]:

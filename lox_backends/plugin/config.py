@@ -328,6 +328,26 @@ got '5' (a str); pass a number, e.g. flush_every=5.0.
     return timeout, flush_every, int(max_pending)
 
 
+def check_system(system: Any) -> float | None:
+    """A Logger's ``system``: seconds between samples of system metrics
+    (`lox_backends.logger.system`), a finite number > 0, or None (off).
+
+    >>> check_system(None), check_system(10)
+    (None, 10.0)
+    >>> check_system(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: a lox Logger's `system` is a finite number of seconds > 0 (how often system metrics are \
+sampled; None: never), got 0; pass e.g. system=10.0.
+    """
+    if system is None:
+        return None
+    if isinstance(system, numbers.Real) and not isinstance(system, bool) and float(system) == math.inf:
+        raise ValueError("a lox Logger's `system` is a finite number of seconds > 0 (how often system metrics are "
+                         "sampled), got inf; pass system=None (the default) for no system metrics.")
+    return seconds("system", system, "how often system metrics are sampled; None: never", 10.0)
+
+
 def check_media_limit(limit: Any, default: int) -> dict[str, int]:
     """A Logger's ``media_limit`` (the bytes one event of a key of images,
     video, audio, histograms or text may hold) as a dict from keys to bytes,
