@@ -3,7 +3,8 @@
 JAX's internal modules and the parameters of its higher-order primitives change
 from release to release. lox reads them only here, by name, so that a change
 fails loudly in this file instead of silently elsewhere. Supported: JAX 0.8,
-0.9 and 0.10.
+0.9, 0.10 and 0.11 (0.11 read from its source and run on a GPU machine; CI
+installs 0.8 to 0.10).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ ClosedJaxpr = core.ClosedJaxpr
 Var = core.Var
 Literal = core.Literal
 DropVar = core.DropVar
+
+
+def closed(jaxpr) -> ClosedJaxpr:
+    """`jaxpr` as a closed jaxpr (`.jaxpr`, `.consts`). JAX 0.11 merged the
+    two classes (`ClosedJaxpr` is `Jaxpr`, its consts attached): a jaxpr is
+    then closed already, and wrapping it again would drop its consts."""
+    return jaxpr if isinstance(jaxpr, ClosedJaxpr) else ClosedJaxpr(jaxpr, ())
 
 
 def literal_operands(values: list) -> list:
@@ -262,10 +270,12 @@ class ScanParams(NamedTuple):
 
 
 def scan_params(params) -> ScanParams:
-    return ScanParams(
-        params["jaxpr"], params["length"], params["reverse"], params["unroll"],
-        params["num_consts"], params["num_carry"],
-    )
+    if "ft_in" in params:
+        # JAX 0.11: the operands' groups (consts, carry, xs) as a FlatTree.
+        num_consts, num_carry, _ = map(len, params["ft_in"].unpack())
+    else:
+        num_consts, num_carry = params["num_consts"], params["num_carry"]
+    return ScanParams(params["jaxpr"], params["length"], params["reverse"], params["unroll"], num_consts, num_carry)
 
 
 class WhileParams(NamedTuple):
@@ -285,10 +295,7 @@ def cond_branches(params) -> tuple:
 
 def call_jaxpr(params) -> ClosedJaxpr:
     """The body of `jit` (named `jit` or `pjit`) and `closed_call` equations."""
-    jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
-    if isinstance(jaxpr, Jaxpr):
-        jaxpr = ClosedJaxpr(jaxpr, ())
-    return jaxpr
+    return closed(params.get("jaxpr", params.get("call_jaxpr")))
 
 
 class RematParams(NamedTuple):
@@ -307,7 +314,7 @@ class CustomCallParams(NamedTuple):
 
 
 def custom_call_params(params) -> CustomCallParams:
-    return CustomCallParams(params["call_jaxpr"], params["num_consts"])
+    return CustomCallParams(closed(params["call_jaxpr"]), params["num_consts"])
 
 
 class ShardMapParams(NamedTuple):
@@ -322,11 +329,8 @@ class ShardMapParams(NamedTuple):
 def shard_map_params(params) -> ShardMapParams:
     # `manual_axes` became `newly_manual_axes` in JAX 0.10.
     manual = params["newly_manual_axes"] if "newly_manual_axes" in params else params["manual_axes"]
-    jaxpr = params["jaxpr"]
-    if isinstance(jaxpr, Jaxpr):
-        jaxpr = ClosedJaxpr(jaxpr, ())
     return ShardMapParams(
-        jaxpr, params["mesh"], tuple(params["in_specs"]), tuple(params["out_specs"]),
+        closed(params["jaxpr"]), params["mesh"], tuple(params["in_specs"]), tuple(params["out_specs"]),
         params["check_vma"], frozenset(manual),
     )
 
@@ -381,8 +385,10 @@ def lower_callback_with_results(ctx, fun, args):
 
 
 def _leading_unsharded(spec):
-    """`spec` with an unsharded axis in front (its unreduced and reduced axes kept)."""
-    extra = {name: getattr(spec, name) for name in ("unreduced", "reduced") if getattr(spec, name, None)}
+    """`spec` with an unsharded axis in front (its unreduced and reduced axes
+    kept, and JAX 0.11's kind of unreduced axes)."""
+    names = ("unreduced", "reduced", "unreduced_kind")
+    extra = {name: getattr(spec, name) for name in names if getattr(spec, name, None)}
     return jax.sharding.PartitionSpec(None, *spec._partitions, **extra)
 
 
