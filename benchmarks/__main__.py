@@ -27,24 +27,31 @@ lox.set_default("off")
 
 # --- sections ---------------------------------------------------------------------------
 def steady():
-    print("Steady state: 10,000-step scan logging a scalar and a 64-vector per step")
+    if programs.GPU:  # the step of the CPU figures is launch overhead on a GPU: a recurrent cell instead
+        print(f"Steady state: {programs.STEPS:,}-step scan of a {programs.GPU_HIDDEN}-unit recurrent cell logging "
+              "a scalar and a 64-vector per step")
+        logged, _ = programs.rnn(programs.GPU_HIDDEN)
+        hand_written, reps, rounds = programs.rnn_by_hand(programs.GPU_HIDDEN), 5, 9
+    else:
+        print(f"Steady state: {programs.STEPS:,}-step scan logging a scalar and a 64-vector per step")
+        logged, hand_written, reps, rounds = programs.scan_logged, programs.scan_by_hand, 20, 15
     xs = jnp.linspace(0.0, 1.0, programs.STEPS)
-    spooled = lox.spool(programs.scan_logged)
-    jitted_spool = jax.jit(lox.spool(programs.scan_logged))
-    by_hand = jax.jit(programs.scan_by_hand)
+    spooled = lox.spool(logged)
+    jitted_spool = jax.jit(lox.spool(logged))
+    by_hand = jax.jit(hand_written)
     for f in (spooled, jitted_spool, by_hand):
         block(f(xs))
     t = side_by_side(
         {"hand": lambda: block(by_hand(xs)), "spool": lambda: block(spooled(xs)),
          "jit(spool)": lambda: block(jitted_spool(xs))},
-        reps=20, rounds=15,
+        reps=reps, rounds=rounds,
     )
     row("hand-written (values carried out as ys)", f"{t['hand'] * 1e3:.3f} ms")
     row("lox.spool(f)", f"{t['spool'] * 1e3:.3f} ms", t["spool"] / t["hand"], "target <= 1.02")
     row("jax.jit(lox.spool(f))", f"{t['jit(spool)'] * 1e3:.3f} ms", t["jit(spool)"] / t["hand"], "target <= 1.02")
 
     mem = lambda f: f.lower(xs).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
-    ours, ref = mem(jax.jit(lox.spool(programs.scan_logged))), mem(by_hand)
+    ours, ref = mem(jax.jit(lox.spool(logged))), mem(by_hand)
     row("compiled temporary memory, spool / hand-written", f"{ours} B / {ref} B", ours / max(ref, 1), "target <= 1")
 
 
@@ -163,19 +170,33 @@ def tap():
 
 
 def buffer():
-    small, medium = programs.rnn(256), programs.rnn(1024)
-    for title, logged, by_hand, quick in (
-        ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged,
-         programs.scan_buffered_by_hand, False),
-        ("a 10,000-step scan of a 256-unit recurrent cell (~2.5 us per step)", *small, False),
-        ("a 10,000-step scan of a 1024-unit recurrent cell (~27 us per step)", *medium, True),
-    ):
-        _buffer(title, logged, by_hand, quick)
+    if programs.GPU:  # two workloads: launch overhead only, and a step that does work
+        workloads = (
+            (f"a {programs.STEPS:,}-step scan of the CPU figures' `steady` step (a 64-vector: launch overhead only)",
+             programs.scan_logged, programs.scan_buffered_by_hand, False, True),
+            # Without the raw per-event callback: XLA's GPU compiler (JAX 0.11.2, H200) aborts on that
+            # program (`Check failed: shape.IsArray() || shape.IsTuple()` in its fusion cost analysis).
+            (f"a {programs.STEPS:,}-step scan of a {programs.GPU_HIDDEN}-unit recurrent cell",
+             *programs.rnn(programs.GPU_HIDDEN), False, False),
+        )
+        reps, rounds = 1, 5
+    else:
+        small, medium = programs.rnn(256), programs.rnn(1024)
+        workloads = (
+            ("the 10,000-step scan of `steady` (~0.1 us of work per step)", programs.scan_logged,
+             programs.scan_buffered_by_hand, False, True),
+            ("a 10,000-step scan of a 256-unit recurrent cell (~2.5 us per step)", *small, False, True),
+            ("a 10,000-step scan of a 1024-unit recurrent cell (~27 us per step)", *medium, True, True),
+        )
+        reps, rounds = 3, 7
+    for title, logged, by_hand, quick, with_raw in workloads:
+        _buffer(title, logged, by_hand, quick, reps, rounds, with_raw)
 
 
-def _buffer(title, logged, by_hand, quick=False):
+def _buffer(title, logged, by_hand, quick=False, reps=3, rounds=7, with_raw=True):
     """quick: a slow step, where per-event tap would take minutes: the
-    buffered tap against no logging and spool only."""
+    buffered tap against no logging and spool only. with_raw=False: without
+    the hand-written callback per event."""
     print(f"Buffered tap: {title}, a scalar and a 64-vector per step to a callback")
     xs = jnp.linspace(0.0, 1.0, programs.STEPS)
     received = [0]
@@ -216,6 +237,8 @@ def _buffer(title, logged, by_hand, quick=False):
     if quick:
         sizes = (100,)
         candidates = {k: candidates[k] for k in ("none", "spool", "buffer100")}
+    if not with_raw:
+        del candidates["raw"]
 
     def run(f):
         block(f(xs))
@@ -226,12 +249,15 @@ def _buffer(title, logged, by_hand, quick=False):
         run(f)
         assert name in ("none", "spool") or received[0] == programs.STEPS, (name, received[0])
     t = side_by_side({name: (lambda f=f: run(f)) for name, f in candidates.items()},
-                     reps=1 if quick else 3, rounds=5 if quick else 7)
+                     reps=1 if quick else reps, rounds=5 if quick else rounds)
     base = t["none"]
     row("no logging (lox.nolog)", f"{base * 1e3:.2f} ms")
     row("lox.spool (values kept on device)", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / base)
     if not quick:
-        row("raw jax.debug.callback per event", f"{t['raw'] * 1e3:.2f} ms", t["raw"] / base)
+        if with_raw:
+            row("raw jax.debug.callback per event", f"{t['raw'] * 1e3:.2f} ms", t["raw"] / base)
+        else:
+            row("raw jax.debug.callback per event", "not run", None, "XLA aborts compiling it here")
         row("lox.tap per event", f"{t['tap'] * 1e3:.2f} ms", t["tap"] / base)
         row("hand-written buffer of 100 + debug.callback", f"{t['hand100'] * 1e3:.2f} ms", t["hand100"] / base)
     for size in sizes:
@@ -248,7 +274,8 @@ def while_loops():
         ("the step of `steady` (~0.1 us of work)", programs._step),
         ("a 256-unit recurrent cell (~2.5 us per step)", programs.rnn_step),
     ):
-        print(f"Spooled while loop: 10,000 steps of {title}, a scalar and a 64-vector per step, max_events=10,000")
+        print(f"Spooled while loop: {programs.STEPS:,} steps of {title}, a scalar and a 64-vector per step, "
+              f"max_events={programs.STEPS:,}")
         xs = jnp.linspace(0.0, 1.0, programs.STEPS)
         n = programs.STEPS
         candidates = {
@@ -263,7 +290,8 @@ def while_loops():
                          reps=5, rounds=9)
         row("no logging (lox.nolog)", f"{t['none'] * 1e3:.2f} ms")
         row("hand-written buffers in the loop's carry", f"{t['hand'] * 1e3:.2f} ms", t["hand"] / t["none"], "vs none")
-        row("lox.spool(f, max_events=10_000)", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / t["hand"], "vs hand-written")
+        row(f"lox.spool(f, max_events={programs.STEPS:_})", f"{t['spool'] * 1e3:.2f} ms", t["spool"] / t["hand"],
+            "vs hand-written")
 
 
 def devices():
@@ -364,7 +392,8 @@ def arrow():
 
 
 def logger():
-    print("Logger: a training loop (MLP 512x512, batch 512) calling logger.spool to Parquet every step")
+    print(f"Logger: a training loop (MLP {programs.WIDTH}x{programs.WIDTH}, batch {programs.BATCH}) calling "
+          "logger.spool to Parquet every step")
     import shutil
     import tempfile
 
@@ -584,9 +613,14 @@ def main(argv: list[str]) -> None:
     unknown = [c for c in chosen if c not in SECTIONS]
     if unknown:
         raise SystemExit(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
-    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; ratio = lox / hand-written (lower is better)")
+    device = jax.devices()[0]
+    print(f"JAX {jax.__version__} on {device.platform} ({device.device_kind}); "
+          "ratio = lox / hand-written (lower is better)")
     for name in chosen:
-        SECTIONS[name]()
+        try:
+            SECTIONS[name]()
+        except ModuleNotFoundError as error:  # a section's package (a tracker, moto, tensorboardX) is missing
+            print(f"  {name}: skipped, {error.name} is not installed")
         print()
 
 
