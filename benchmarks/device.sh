@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/performance.md ("On a GPU"), in one run of two to three
-# minutes (an H200: 130 s) on a machine with a GPU, its JAX preinstalled for `python3`, and no
+# minutes (about two on an H200) on a machine with a GPU, its JAX preinstalled for `python3`, and no
 # network:
 #
 #     bash benchmarks/device.sh            # from the repository root
