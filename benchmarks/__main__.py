@@ -589,6 +589,12 @@ def media():
     media()
 
 
+def active():
+    from benchmarks.active import active  # `with logger.active(state):` against logger.tap, per event
+
+    active()
+
+
 def runs():
     from benchmarks.runs import runs  # writes 1,024 runs, and starts an S3 server
 
@@ -604,7 +610,7 @@ def frameworks():
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
             "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
-            "trackers": trackers, "tensorboard": tensorboard, "media": media, "runs": runs, "frameworks": frameworks,
+            "trackers": trackers, "tensorboard": tensorboard, "media": media, "active": active, "runs": runs, "frameworks": frameworks,
             "imports": imports}
 
 

@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
-from typing import Any, Iterator, NamedTuple, Protocol
+from typing import Iterable, Iterator, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -144,13 +144,15 @@ def event(values: dict, steps: dict, batch_ndim: int) -> logdict:
     """One event as the host call gave it (NumPy arrays with `batch_ndim` vmap
     axes) with its event axis after the vmap axes, as copies (XLA may reuse the
     host call's buffers)."""
-    expand = lambda x: np.expand_dims(np.array(x), batch_ndim)  # noqa: E731
-    data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
+    where = (slice(None),) * batch_ndim + (None,)  # indexing with None: cheaper than np.expand_dims
+    expand = lambda x: np.array(x)[where]  # noqa: E731
+    data = {k: expand(v) if isinstance(v, np.ndarray) else jax.tree_util.tree_map(expand, v)
+            for k, v in values.items()}
     per_name = {name: dict.fromkeys(data, expand(s)) for name, s in steps.items()} if data else {}
     return trusted(data, per_name)
 
 
-def runs_for(runs: np.ndarray, batch_shape: tuple[int, ...], keys: Any) -> tuple[np.ndarray, bool]:
+def runs_for(runs: np.ndarray, batch_shape: tuple[int, ...], keys: Iterable[str]) -> tuple[np.ndarray, bool]:
     """The run of each element of an event vmapped over `batch_shape`, for a
     block whose state holds `runs`: element i of a vmap over the runs goes to
     run i (inner vmap axes to the same run), an event that is not vmapped to
@@ -158,13 +160,14 @@ def runs_for(runs: np.ndarray, batch_shape: tuple[int, ...], keys: Any) -> tuple
     event must first be given to every run (broadcast over `runs`' axes)."""
     runs = np.asarray(runs)
     if runs.ndim == 0:
-        return np.broadcast_to(runs, batch_shape), False
+        return (runs if not batch_shape else np.broadcast_to(runs, batch_shape)), False
     if not batch_shape:
         return runs, True
     if tuple(batch_shape[: runs.ndim]) == runs.shape:
         return np.broadcast_to(runs.reshape(runs.shape + (1,) * (len(batch_shape) - runs.ndim)), batch_shape), False
     raise ValueError(
-        f"lox.log of {keys}: the active run's state holds runs of shape {runs.shape} (one per seed), but the event "
-        f"is vmapped over {tuple(batch_shape)}. Vmap the function over the seeds, with one element per run "
-        "(`jax.vmap(step)(...)` of the same size as `jax.vmap(logger.init)(keys)`), or open the block with one run."
+        f"lox.log of {', '.join(map(repr, keys))}: the active run's state holds runs of shape {runs.shape} (one "
+        f"per seed), but the event is vmapped over {tuple(batch_shape)}. Vmap the function over the seeds, with "
+        "one element per run (`jax.vmap(step)(...)` of the same size as `jax.vmap(logger.init)(keys)`), or open the "
+        "block with one run."
     )

@@ -21,6 +21,7 @@ functions are called.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -31,7 +32,6 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from lox_core import _compat, failures
-from lox_core.primitive import batching_cond_into_select
 
 host_call_p = Primitive("lox_host_call")
 host_call_p.multiple_results = True
@@ -223,3 +223,16 @@ def chain_end(token) -> None:
     """Record the token a tapped function called now returned, for the next."""
     if _compat.staging_trace() is not None:
         chain_hold_p.bind(token)
+
+
+def batching_cond_into_select() -> bool:
+    """Whether the batching rule now running was called while `vmap` turns a
+    `cond` with a batched predicate into a `select`: both branches then run for
+    every element, so a log in either branch would fire for all of them. Read
+    from the Python stack (see `_compat.is_cond_into_select_frame`)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _compat.is_cond_into_select_frame(frame):
+            return True
+        frame = frame.f_back
+    return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import numbers
-import sys
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import jax
@@ -20,7 +19,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from lox_core import _compat, active, failures, media, printing
+from lox_core import _compat, active, media, printing
+from lox_core.host import batching_cond_into_select, host_call
 from lox_core.logdict import logdict, trusted
 from lox_core.series import check_own_series
 
@@ -316,14 +316,17 @@ def _lowering(*operands, **params):
         raise ValueError(vmap_of_cond_message(site, "printed"))
     key = active.compiled_key()  # a keyed `logger.active` block this program is compiled for, or 0
     if printing.default_enabled() or key:
+        # A host call as `logger.tap` makes them: a chain of its own (unordered, so any number of
+        # devices), with the operands as they are (`jax.debug.callback` copies each into a device array).
         note = f"raised by lox while sending an event of keys {', '.join(map(repr, site.keys))} to the active run"
-
-        def on_host(*ops):
-            # Found when the event arrives (a program compiled before an unkeyed block has no key).
-            failures.guarded(lambda: uncaptured(site, ops, active.for_host_call(key)), note)
-
-        jax.debug.callback(on_host, *operands)
+        host_call(functools.partial(_arrived, site, key), *operands, token=np.int32(0), note=note)
     return event_outputs(operands)
+
+
+def _arrived(site: Site, key: int, batch_ndim: int, *operands) -> None:
+    # Lowered, not batched: the operands carry the site's vmap axes already (`batch_ndim` is 0).
+    # The destination is found now (a program compiled before an unkeyed block has no key).
+    uncaptured(site, operands, active.for_host_call(key))
 
 
 mlir.register_lowering(log_p, mlir.lower_fun(_lowering, multiple_results=True))
@@ -363,19 +366,6 @@ def _batch(size, args, dims, **params):
 
 
 _compat.register_batching_rule(log_p, _batch)
-
-
-def batching_cond_into_select() -> bool:
-    """Whether the batching rule now running was called while `vmap` turns a
-    `cond` with a batched predicate into a `select`: both branches then run for
-    every element, so a log in either branch would fire for all of them. Read
-    from the Python stack (see `_compat.is_cond_into_select_frame`)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if _compat.is_cond_into_select_frame(frame):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def vmap_of_cond_message(site: Site, what: str) -> str:

@@ -39,7 +39,7 @@ class ActiveRun:
 
     def deliver(self, batch_ndim: int, event: logdict, took: np.ndarray | None) -> None:
         event, runs, batch_ndim = self._routed(batch_ndim, event)
-        took = np.ones(runs.shape, bool) if took is None else np.broadcast_to(took, runs.shape)
+        took = np.ones(runs.shape, bool) if took is None else np.broadcast_to(took, runs.shape)  # copied by the Logger
         self._receive_event(batch_ndim, event, runs, took)
 
     def deliver_block(self, batch_ndim: int, logs: logdict) -> None:
@@ -48,17 +48,24 @@ class ActiveRun:
 
     def _routed(self, batch_ndim: int, logs: logdict) -> tuple[logdict, np.ndarray, int]:
         """`logs` with the run of each element: given to every run when they are
-        not vmapped and the state holds several."""
-        leaves = jax.tree_util.tree_leaves(logs)
-        batch_shape = np.shape(leaves[0])[:batch_ndim] if leaves else ()
-        runs, to_every_run = runs_for(self.runs, batch_shape, ", ".join(map(repr, logs)))
+        not vmapped and the state holds several. Checked once per structure."""
+        first = next(iter(logs.values()))
+        batch_shape = np.shape(first if isinstance(first, np.ndarray) else jax.tree_util.tree_leaves(first)[0])
+        runs, to_every_run = runs_for(self.runs, batch_shape[:batch_ndim], logs)
         if to_every_run:
             logs = jax.tree_util.tree_map(lambda x: np.broadcast_to(x, runs.shape + np.shape(x)), logs)
             batch_ndim = runs.ndim
-        signature = (runs.shape, jax.tree_util.tree_structure(logs),
-                     tuple((np.shape(x)[:batch_ndim] + np.shape(x)[batch_ndim + 1:], np.asarray(x).dtype)
-                           for x in jax.tree_util.tree_leaves(logs)))
+        signature = (runs.shape, batch_ndim, tuple(logs.steps),
+                     tuple((key, _layout(value)) for key, value in logs.items()))
         if signature not in self._checked:
             self._check(logs, runs.shape)
             self._checked.add(signature)
         return logs, runs, batch_ndim
+
+
+def _layout(value) -> tuple:
+    """A key's value as its checks see it: its structure, and each array's shape and dtype."""
+    if isinstance(value, np.ndarray):  # the common case, without a walk of the pytree
+        return value.shape, value.dtype
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    return tree, tuple((np.shape(x), np.asarray(x).dtype) for x in leaves)

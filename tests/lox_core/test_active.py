@@ -183,8 +183,8 @@ def test_leaving_the_block_raises_what_a_delivery_raised():
 
 def test_runs_for_names_both_shapes_when_a_vmap_does_not_match_the_runs():
     runs = np.arange(2)
-    assert active.runs_for(runs, (2, 3), "'x'")[0].tolist() == [[0, 0, 0], [1, 1, 1]]
-    assert active.runs_for(runs, (), "'x'") [1] is True
-    assert active.runs_for(np.array(5), (3,), "'x'")[0].tolist() == [5, 5, 5]
+    assert active.runs_for(runs, (2, 3), ["x"])[0].tolist() == [[0, 0, 0], [1, 1, 1]]
+    assert active.runs_for(runs, (), ["x"])[1] is True
+    assert active.runs_for(np.array(5), (3,), ["x"])[0].tolist() == [5, 5, 5]
     with pytest.raises(ValueError, match=r"state holds runs of shape \(2,\).*vmapped over \(3,\)"):
-        active.runs_for(runs, (3,), "'x'")
+        active.runs_for(runs, (3,), ["x"])
