@@ -403,6 +403,7 @@ def logger():
     y = jnp.sin(x[:, :1])
     steps = 200
     plain = jax.jit(programs.train_step_plain)
+    spool_only = lox.spool(programs.train_step_logged)  # the transform alone: its logs are left on the device
     with tempfile.TemporaryDirectory() as folder:
         saver = lox.loggers.SaveLogger(folder)
         state = saver.init(key)
@@ -416,16 +417,19 @@ def logger():
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # each repetition logs steps 0-199 again
-            loop(plain), loop(logged)
+            spooled = lambda p, x, y, i: spool_only(p, x, y, i)[0]  # noqa: E731
+            loop(plain), loop(logged), loop(spooled)
             saver.flush()
-            t = side_by_side({"hand": lambda: loop(plain), "lox": lambda: (loop(logged), saver.flush())},
-                             reps=1, rounds=7)
+            t = side_by_side({"hand": lambda: loop(plain), "lox": lambda: (loop(logged), saver.flush()),
+                              "spool": lambda: loop(spooled)}, reps=1, rounds=7)
         saver.finish(state)
         rows = lox.load(folder)
     (logs,) = rows.values()
     row("without logging, per step", f"{t['hand'] / steps * 1e6:.0f} us")
     row("logger.spool to Parquet every step (flushed), per step", f"{t['lox'] / steps * 1e6:.0f} us",
         t["lox"] / t["hand"], "throughput >= 97% (ratio <= 1.031)")
+    row("lox.spool alone (logs left on the device), per step", f"{t['spool'] / steps * 1e6:.0f} us",
+        t["spool"] / t["hand"])
     row("steps saved and read back", f"{logs['loss'].shape[0]}")
 
     print("Logger: tapped events under vmap to Parquet, per event, 64 seeds against 1 "
@@ -595,6 +599,12 @@ def active():
     active()
 
 
+def system():
+    from benchmarks.system import system  # the system metrics' sampler, beside a loop
+
+    system()
+
+
 def runs():
     from benchmarks.runs import runs  # writes 1,024 runs, and starts an S3 server
 
@@ -610,7 +620,8 @@ def frameworks():
 SECTIONS = {"steady": steady, "first_call": first_call, "transform": transform, "compile": compile_growth,
             "log_calls": log_calls, "dispatch": dispatch, "tap": tap, "buffer": buffer, "while": while_loops,
             "devices": devices, "arrow": arrow, "logger": logger, "storage": storage, "buckets": buckets,
-            "trackers": trackers, "tensorboard": tensorboard, "media": media, "active": active, "runs": runs, "frameworks": frameworks,
+            "trackers": trackers, "tensorboard": tensorboard, "media": media, "active": active,
+            "system": system, "runs": runs, "frameworks": frameworks,
             "imports": imports}
 
 

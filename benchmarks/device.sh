@@ -70,7 +70,7 @@ part() {
         exit $rc' _ test_spool test_tap test_spool_while test_tap_buffer test_interpreter
 
     sections="steady:35 tap:25 buffer:60 logger:60"
-    grep -q '"active":' benchmarks/__main__.py && sections="$sections active:40"
+    sections="$sections active:40 system:30"
     for entry in $sections; do
         part "benchmarks ${entry%%:*}" "${entry##*:}" python3 -m benchmarks "${entry%%:*}"
     done
