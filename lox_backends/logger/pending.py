@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 
+from lox_backends.logger.transfer import to_host
 from lox_core.logdict import concat, logdict
 
 MAX_WAITING = 256  # items that wait before the router sends without waiting for its tick
@@ -82,8 +83,13 @@ class Waiting:
         return len(self._items) >= MAX_WAITING
 
     def take(self) -> list[Departure]:
-        """What waits, in order, as departures: groups of items that leave together."""
+        """What waits, in order, as departures: groups of items that leave together.
+        The batches' device arrays are on the host by then, copied together
+        (`lox_backends.logger.transfer`)."""
         items, self._items = self._items, []
+        batches = [item for item in items if item.kind == "batch"]
+        for item, logs in zip(batches, to_host([item.logs for item in batches]), strict=True):
+            item.logs = logs
         return [Departure(group) for group in _departures(items)]
 
 
