@@ -100,9 +100,10 @@ def activate(destination: Destination) -> Iterator[Destination]:
     try:
         with key_context:
             yield destination
-            # The events of what was dispatched in the block arrive before it ends.
-            _compat.wait_for_effects()
     finally:
+        # The events of what was dispatched in the block arrive before it ends, also when
+        # it ends by an exception (they are the run's last logs).
+        _compat.wait_for_effects()
         _stack.reset(token)
         with _lock:
             entries = _open[thread]

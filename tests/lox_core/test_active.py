@@ -188,3 +188,15 @@ def test_runs_for_names_both_shapes_when_a_vmap_does_not_match_the_runs():
     assert active.runs_for(np.array(5), (3,), ["x"])[0].tolist() == [5, 5, 5]
     with pytest.raises(ValueError, match=r"state holds runs of shape \(2,\).*vmapped over \(3,\)"):
         active.runs_for(runs, (3,), ["x"])
+
+
+def test_a_block_left_by_an_exception_keeps_the_events_of_its_programs_and_is_closed():
+    kept = Kept()
+    f = jax.jit(metric)
+    with pytest.raises(KeyError, match="the training failed"):
+        with active.activate(kept):
+            f(1.0, 0)
+            f(2.0, 1)
+            raise KeyError("the training failed")
+    assert kept.values("x") == [[1.0], [2.0]]
+    assert active.current() is None and active.for_host_call(0) is None
