@@ -86,6 +86,15 @@ def activate(destination: Destination) -> Iterator[Destination]:
     stack = _stack.get()
     thread = threading.get_ident()
     with _lock:
+        if any(not any(e is s for s in stack) for e in _open.get(thread, ())):
+            # JAX keys its compiled functions per thread, not per context: the tasks would share one run.
+            raise RuntimeError(
+                "`logger.active`: a block of another asyncio task (or context) is open in this thread, and "
+                "JAX cannot tell the tasks of one thread apart: their events would go to each other's runs. "
+                "Open one block around the tasks (`with logger.active(state): asyncio.run(main())`), run each "
+                "task's JAX work in a thread of its own (`await asyncio.to_thread(work)`), or pass the state "
+                "explicitly (`logger.tap(f, state)`)."
+            )
         others = {entries[-1].destination.key for t, entries in _open.items() if t != thread and entries}
         keyed = (
             _compat.default_output_state.value == "off"

@@ -3,6 +3,7 @@ destination written here that keeps what it is given: which block an event
 reaches, in how many host calls, keyed and unkeyed blocks, threads, retraces.
 A Logger's runs as the destination: tests/lox_backends/logger/test_active_run.py."""
 
+import asyncio
 import threading
 
 import jax
@@ -200,3 +201,35 @@ def test_a_block_left_by_an_exception_keeps_the_events_of_its_programs_and_is_cl
             raise KeyError("the training failed")
     assert kept.values("x") == [[1.0], [2.0]]
     assert active.current() is None and active.for_host_call(0) is None
+
+
+def test_a_block_of_a_second_asyncio_task_in_one_thread_is_refused_and_the_first_still_works(capsys):
+    # JAX keys compiled functions per thread: interleaved tasks' blocks would swap their events.
+    f = jax.jit(metric)
+    f(0.0, 0)  # compiled before any block, with the default console
+    first, second = Kept(), Kept()
+    refused = []
+
+    async def task(kept, k):
+        try:
+            with active.activate(kept):
+                for i in range(3):
+                    f(float(k), i)
+                    await asyncio.sleep(0)  # the other task runs meanwhile, in this thread
+        except RuntimeError as error:
+            refused.append(str(error))
+
+    async def main():
+        await asyncio.gather(task(first, 1), task(second, 2))
+
+    asyncio.run(main())
+    assert first.values("x") == [[1.0]] * 3 and second.got == []
+    (message,) = refused
+    assert "a block of another asyncio task (or context) is open in this thread" in message
+    assert "asyncio.to_thread" in message
+    capsys.readouterr()
+    f(5.0, 5)
+    with active.activate(second):  # once the first block is closed, a block opens again
+        f(6.0, 6)
+    jax.effects_barrier()
+    assert capsys.readouterr().out == "[step=5] x=5\n" and second.values("x") == [[6.0]]
