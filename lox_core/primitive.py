@@ -129,11 +129,12 @@ def log(
     step_values = [_check_step(name, v) for name, v in steps.items()]
     if texts:
         return _log_text(data, values, texts, dict(zip(steps, step_values, strict=True)), prefix)
-    if not _compat.logs_seen():
-        # Nothing would see it (no lox transform is tracing, the default is
-        # "off"): no primitive, so a `jax.jit` of this code has no effect.
-        return event_logdict(values, dict(zip(steps, step_values, strict=True)))
     destination = active.current()
+    if not _compat.logs_seen() and destination is None:
+        # Nothing would see it (no lox transform is tracing, the default is
+        # "off", no block is active): no primitive, so a `jax.jit` of this
+        # code has no effect.
+        return event_logdict(values, dict(zip(steps, step_values, strict=True)))
     if destination is not None and destination.per_device_error is not None and _compat.manual_axes():
         raise ValueError(destination.per_device_error)
     site = Site(
@@ -315,7 +316,8 @@ def _lowering(*operands, **params):
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
     key = active.compiled_key()  # a keyed `logger.active` block this program is compiled for, or 0
-    if printing.default_enabled() or key:
+    # An unkeyed block whose default became "off" inside it (no key) still gets a host call.
+    if printing.default_enabled() or key or active.current() is not None:
         # A host call as `logger.tap` makes them: a chain of its own (unordered, so any number of
         # devices), with the operands as they are (`jax.debug.callback` copies each into a device array).
         note = f"raised by lox while sending an event of keys {', '.join(map(repr, site.keys))} to the active run"

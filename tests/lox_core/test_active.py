@@ -233,3 +233,21 @@ def test_a_block_of_a_second_asyncio_task_in_one_thread_is_refused_and_the_first
         f(6.0, 6)
     jax.effects_barrier()
     assert capsys.readouterr().out == "[step=5] x=5\n" and second.values("x") == [[6.0]]
+
+
+def test_the_default_turned_off_inside_a_block_still_sends_to_the_block(capsys):
+    f, traces = counted(metric)
+    kept = Kept()
+    try:
+        with active.activate(kept):  # opened with the default "console"
+            f(1.0, 0)
+            lox.set_default("off")
+            f(2.0, 1)  # traced again for the new default: still to the block
+            lox.log({"x": 3.0}, step=2)  # eagerly too
+        f(4.0, 3)  # outside: "off", nothing
+        lox.log({"x": 5.0}, step=4)
+        jax.effects_barrier()
+    finally:
+        lox.set_default("console")
+    assert kept.values("x") == [[1.0], [2.0], [3.0]]
+    assert capsys.readouterr().out == ""
