@@ -12,6 +12,7 @@ import numpy as np
 from lox_core import _compat
 from lox_core import buffer as buffering
 from lox_core.active import current as active_destination
+from lox_core.active import for_host_call as destination_of
 from lox_core.delivery import Delivery, print_event
 from lox_core.host import callback_name, chain_end, chain_start, host_call
 from lox_core.interpreter import Handler, in_while_predicate, single_event, unique_objects
@@ -371,19 +372,19 @@ def tap(
 
     # The token comes first (`leading=1`).
     program = jitted(fun, options, make_impl, static_argnums, static_argnames, leading=1)
-    routed: dict[int, Callable] = {}  # with no callback: `fun` tapped to each active run it was called in
+    routed: list[Callable] = []  # with no callback: `fun` tapped to the active run, named by its key
 
     def call(*args, **kwargs):
         destination = active_destination() if callback is None else None
         if destination is not None:  # inside `with logger.active(state)`: to its runs, not the console
-            to = routed.get(destination.key)
-            if to is None:
-                to = routed[destination.key] = tap_with_context(
-                    fun, lambda nd, event, _, took: destination.deliver(nd, event, took), argnames=argnames,
-                    tags=tags, prefix=prefix, buffer=buffer, static_argnums=static_argnums,
-                    static_argnames=static_argnames,
-                    block_callback=lambda nd, logs, _: destination.deliver_block(nd, logs))
-            return to((), *args, **kwargs)  # no context: the destination routes by itself
+            if not routed:
+                # One program for every block: the key is an operand, the destination found on arrival
+                # (the block is open until its events arrived), and nothing here holds it.
+                routed.append(tap_with_context(
+                    fun, _to_active, argnames=argnames, tags=tags, prefix=prefix, buffer=buffer,
+                    static_argnums=static_argnums, static_argnames=static_argnames,
+                    block_callback=lambda nd, logs, key: _to_active(nd, logs, key, None, block=True)))
+            return routed[0](np.int32(destination.key), *args, **kwargs)
         out, token = program((chain_start(),), args, kwargs)
         chain_end(token)
         if not traced((args, kwargs)):
@@ -391,6 +392,23 @@ def tap(
         return out
 
     return Transformed(fun, call, program)
+
+
+def _to_active(batch_ndim: int, logs: logdict, key, took: np.ndarray | None, block: bool = False) -> None:
+    """A routed tap's event (or, with `block`, a buffer's events) to the block
+    whose key (`key`, with any vmap axes) it was called with; printed as
+    outside blocks when that block is gone (an enclosing program compiled in
+    the block and run after it)."""
+    destination = destination_of(int(np.asarray(key).reshape(-1)[0]))
+    if destination is None:
+        batch = np.shape(jax.tree_util.tree_leaves(logs)[0])[:batch_ndim]
+        for i in np.ndindex(batch):
+            if took is None or np.asarray(took)[i]:
+                print_event(jax.tree_util.tree_map(lambda x, i=i: x[i], logs))
+    elif block:
+        destination.deliver_block(batch_ndim, logs)
+    else:
+        destination.deliver(batch_ndim, logs, took)
 
 
 def _check_buffer(buffer, batched: bool) -> int | None:

@@ -4,7 +4,9 @@ reaches, in how many host calls, keyed and unkeyed blocks, threads, retraces.
 A Logger's runs as the destination: tests/lox_backends/logger/test_active_run.py."""
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -251,3 +253,35 @@ def test_the_default_turned_off_inside_a_block_still_sends_to_the_block(capsys):
         lox.set_default("console")
     assert kept.values("x") == [[1.0], [2.0], [3.0]]
     assert capsys.readouterr().out == ""
+
+
+def test_a_tap_without_a_callback_is_compiled_once_for_every_block_and_keeps_no_destination_alive():
+    traces = []
+
+    def loop(x, i):
+        traces.append(1)
+        lox.log({"x": x}, step=i)
+        return x
+
+    tapped = lox.tap(loop)
+    kept = [Kept() for _ in range(3)]
+    for k, destination in enumerate(kept):  # a new run per block, as in a sweep
+        with active.activate(destination):
+            tapped(float(k), k)
+    assert [d.values("x") for d in kept] == [[[0.0]], [[1.0]], [[2.0]]]
+    assert len(traces) == 1
+    gone = weakref.ref(kept[0])
+    del kept, destination
+    gc.collect()
+    assert gone() is None  # the tapped function does not hold the blocks' destinations (a Logger each)
+
+
+def test_a_tap_in_a_program_compiled_in_a_block_prints_when_run_after_it(capsys):
+    outer = jax.jit(lambda x, i: lox.tap(metric)(x, i))
+    kept = Kept()
+    with active.activate(kept):
+        outer(1.0, 0)
+    outer(2.0, 1)  # the program compiled in the block (the default "console" keys nothing)
+    jax.effects_barrier()
+    assert kept.values("x") == [[1.0]]
+    assert capsys.readouterr().out == "[step=1] x=2\n"
