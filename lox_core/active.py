@@ -21,8 +21,9 @@ finds its destination one of two ways:
   host call sends each event to the innermost unkeyed block open when it
   arrives, and prints it when none is.
 
-Leaving a block waits for the events of the programs dispatched in it
-(`jax.effects_barrier`), so none of them arrives after it.
+Opening and leaving a block wait for the events of the programs dispatched
+before (`jax.effects_barrier`), so that each event reaches the block (or
+console) of where its program was dispatched.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def current() -> Destination | None:
 @contextlib.contextmanager
 def activate(destination: Destination) -> Iterator[Destination]:
     """Within: uncaptured logs go to `destination` (see the module docstring)."""
+    # The events of what was dispatched before the block (an outer block's, or printed) arrive
+    # before it opens: an asynchronous program's (a GPU's, several devices') would reach it.
+    _compat.wait_for_effects()
     stack = _stack.get()
     thread = threading.get_ident()
     with _lock:

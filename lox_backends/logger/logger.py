@@ -365,8 +365,9 @@ class Logger:
         callback sends there too, ``buffer=K`` included.
 
         Blocks nest (the innermost wins) and belong to the thread (context)
-        that opens them; outside any block `lox.set_default` applies. Leaving
-        the block waits for the events of what was dispatched in it. With the
+        that opens them; outside any block `lox.set_default` applies. Opening
+        and leaving the block wait for the events of what was dispatched
+        before (each event goes where its program was called). With the
         default ``"console"``, functions compiled before the block send their
         events to it without being traced again; with ``"off"``, a function
         compiled before the block has no host call: it is traced and compiled

@@ -12,6 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from devices import DEVICES
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import lox
 from lox_core import active
@@ -285,3 +288,27 @@ def test_a_tap_in_a_program_compiled_in_a_block_prints_when_run_after_it(capsys)
     jax.effects_barrier()
     assert kept.values("x") == [[1.0]]
     assert capsys.readouterr().out == "[step=1] x=2\n"
+
+
+def test_the_events_of_programs_dispatched_before_a_block_do_not_reach_it(capsys):
+    # A program on several devices runs asynchronously (on a GPU every program does): its events
+    # reach the host after the call returns, and belong to where it was dispatched.
+    mesh = jax.make_mesh((DEVICES,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def per_device(x):
+        x = jax.lax.fori_loop(0, 50, lambda _, x: jnp.tanh(x @ x.T), x)  # long enough to return first
+        lox.log({"s": jax.lax.axis_index("d")}, step=0)
+        return x
+
+    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    x = jax.device_put(jnp.ones((DEVICES * 300, 300)) / 300, NamedSharding(mesh, P("d")))
+    f(x).block_until_ready()
+    capsys.readouterr()
+    outer, inner = Kept(), Kept()
+    f(x)  # before any block: printed
+    with active.activate(outer):
+        f(x)  # the outer block's
+        with active.activate(inner):
+            pass
+    assert sorted(v for (v,) in outer.values("s")) == list(range(DEVICES)) and inner.got == []
+    assert sorted(capsys.readouterr().out.splitlines()) == [f"[step=0] s={d}" for d in range(DEVICES)]
