@@ -4,6 +4,10 @@ runs, read back from real Parquet files against by-hand references.
 Covers lox_backends/logger/active_run.py (the core's side: tests/lox_core/test_active.py;
 a 2-process job: test_multiprocess.py)."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import jax
@@ -13,6 +17,7 @@ import pytest
 from devices import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from paths import REPO
 
 import lox
 
@@ -207,3 +212,31 @@ def test_a_state_the_block_cannot_use_is_refused_with_what_to_do(tmp_path):
     logger.close()
     with pytest.raises(RuntimeError, match="was closed; create a new one"):
         logger.active(states)
+
+
+def test_the_documented_workaround_compiles_a_log_beside_a_returned_matrix_product(tmp_path):
+    # JAX 0.10.2's CPU compiler aborts on a side-effecting host call fed by a matrix product the
+    # function also returns (docs/sharp-bits.md); the XLA flag the page gives lets it compile.
+    script = textwrap.dedent(f"""
+        import jax, jax.numpy as jnp, numpy as np, lox
+
+        @jax.jit
+        def predict(x, w):
+            y = x @ w
+            lox.log({{"m": y.mean()}}, step=0)
+            return y
+
+        logger = lox.loggers.from_config("parquet:{tmp_path}")
+        state = logger.init()
+        x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+        with logger.active(state):
+            y = predict(x, x.T)
+        logger.finish(state)
+        (logs,) = lox.load("{tmp_path}").values()
+        print(np.allclose(logs["m"], np.mean(x @ x.T), rtol=1e-5), np.allclose(y, x @ x.T, rtol=1e-5))
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_disable_hlo_passes=dot-library-passes", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
