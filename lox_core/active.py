@@ -81,6 +81,22 @@ def current() -> Destination | None:
     return stack[-1].destination if stack else None
 
 
+def keyed_elsewhere() -> bool:
+    """Whether this context's innermost block is keyed but JAX's configuration
+    (per thread) does not say so: the context was copied into another thread
+    (`asyncio.to_thread`, `contextvars.copy_context().run`), where what is
+    compiled has no key."""
+    stack = _stack.get()
+    return bool(stack) and stack[-1].keyed and _compat.active_run_state.value != stack[-1].destination.key
+
+
+def current_unkeyed() -> Destination | None:
+    """The innermost destination active in this thread (context) if its block
+    is unkeyed (a compiled program finds it on arrival), or None."""
+    stack = _stack.get()
+    return stack[-1].destination if stack and not stack[-1].keyed else None
+
+
 @contextlib.contextmanager
 def activate(destination: Destination) -> Iterator[Destination]:
     """Within: uncaptured logs go to `destination` (see the module docstring)."""

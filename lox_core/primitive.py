@@ -135,6 +135,16 @@ def log(
         # "off", no block is active): no primitive, so a `jax.jit` of this
         # code has no effect.
         return event_logdict(values, dict(zip(steps, step_values, strict=True)))
+    if (destination is not None and active.keyed_elsewhere() and _compat.staging_trace() is not None
+            and not _compat.transform_depth_state.value):
+        raise RuntimeError(
+            f"lox.log of {', '.join(map(repr, values))} is traced in a thread that did not open the "
+            "`logger.active` block it runs in (its context was copied there: `asyncio.to_thread`, "
+            "`contextvars.copy_context().run`). JAX's configuration belongs to the thread, so the function "
+            "is compiled without the block and its logs would be lost. Open the block in that thread "
+            "(`with logger.active(state):` inside the function you hand it), or call the function in the "
+            "block's thread."
+        )
     if destination is not None and destination.per_device_error is not None and _compat.manual_axes():
         raise ValueError(destination.per_device_error)
     site = Site(
@@ -316,8 +326,9 @@ def _lowering(*operands, **params):
     if site.in_select:
         raise ValueError(vmap_of_cond_message(site, "printed"))
     key = active.compiled_key()  # a keyed `logger.active` block this program is compiled for, or 0
-    # An unkeyed block whose default became "off" inside it (no key) still gets a host call.
-    if printing.default_enabled() or key or active.current() is not None:
+    # An unkeyed block whose default became "off" inside it (no key) still gets a host call (not a
+    # keyed one's context copied to another thread, whose JAX key is 0: its events have nowhere to go).
+    if printing.default_enabled() or key or active.current_unkeyed() is not None:
         # A host call as `logger.tap` makes them: a chain of its own (unordered, so any number of
         # devices), with the operands as they are (`jax.debug.callback` copies each into a device array).
         note = f"raised by lox while sending an event of keys {', '.join(map(repr, site.keys))} to the active run"

@@ -312,3 +312,21 @@ def test_the_events_of_programs_dispatched_before_a_block_do_not_reach_it(capsys
             pass
     assert sorted(v for (v,) in outer.values("s")) == list(range(DEVICES)) and inner.got == []
     assert sorted(capsys.readouterr().out.splitlines()) == [f"[step=0] s={d}" for d in range(DEVICES)]
+
+
+def test_a_function_traced_in_another_thread_with_a_keyed_blocks_context_is_refused(default_off):
+    # `asyncio.to_thread` copies the context (the block) into a thread, but not JAX's configuration,
+    # which is per thread: a function compiled there has no key, and its events nowhere to go.
+    f = jax.jit(metric)
+    kept = Kept()
+
+    async def main():
+        with active.activate(kept):
+            lox.log({"x": 0.0}, step=0)  # eagerly the block's, in any thread
+            await asyncio.to_thread(lox.log, {"x": 1.0}, step=1)
+            with pytest.raises(RuntimeError, match=r"lox.log of 'x' is traced in a thread .*asyncio.to_thread"):
+                await asyncio.to_thread(f, 2.0, 2)
+            f(3.0, 3)
+
+    asyncio.run(main())
+    assert kept.values("x") == [[0.0], [1.0], [3.0]]
