@@ -112,7 +112,8 @@ def activate(destination: Destination) -> Iterator[Destination]:
                 "`logger.active`: a block of another asyncio task (or context) is open in this thread, and "
                 "JAX cannot tell the tasks of one thread apart: their events would go to each other's runs. "
                 "Open one block around the tasks (`with logger.active(state): asyncio.run(main())`), run each "
-                "task's JAX work in a thread of its own (`await asyncio.to_thread(work)`), or pass the state "
+                "task's JAX work in a thread of its own, with its block in it (`await asyncio.to_thread(work)`, `work` "
+                "opening the block), or pass the state "
                 "explicitly (`logger.tap(f, state)`)."
             )
         others = {entries[-1].destination.key for t, entries in _open.items() if t != thread and entries}
