@@ -112,9 +112,8 @@ def activate(destination: Destination) -> Iterator[Destination]:
                 "`logger.active`: a block of another asyncio task (or context) is open in this thread, and "
                 "JAX cannot tell the tasks of one thread apart: their events would go to each other's runs. "
                 "Open one block around the tasks (`with logger.active(state): asyncio.run(main())`), run each "
-                "task's JAX work in a thread of its own, with its block in it (`await asyncio.to_thread(work)`, `work` "
-                "opening the block), or pass the state "
-                "explicitly (`logger.tap(f, state)`)."
+                "task's JAX work in a thread of its own, with its block in it (`await asyncio.to_thread(work)`, "
+                "`work` opening the block), or pass the state explicitly (`logger.tap(f, state)`)."
             )
         others = {entries[-1].destination.key for t, entries in _open.items() if t != thread and entries}
         keyed = (
@@ -159,16 +158,10 @@ def for_host_call(key: int) -> Destination | None:
     if key:
         return _by_key.get(key)
     with _lock:
-        unkeyed = {entries[-1].destination.key: entries[-1].destination
-                   for entries in _open.values() if entries and not entries[-1].keyed}
-    if len(unkeyed) > 1:  # not made by `activate`, which keys a second thread's block; asyncio tasks can
-        raise RuntimeError(
-            "lox.log: blocks of several `logger.active(...)` are open at once in one thread's tasks, and an "
-            "event of a program compiled outside them cannot tell whose it is. Open them with "
-            "`lox.set_default('off')` (functions are then compiled per block), or pass the logger explicitly "
-            "(`logger.tap(f, state)`)."
-        )
-    return next(iter(unkeyed.values()), None)
+        # At most one: a block opened while another thread's is open is keyed, and a thread's
+        # second asyncio task cannot open one (`activate`).
+        unkeyed = [entries[-1].destination for entries in _open.values() if entries and not entries[-1].keyed]
+    return unkeyed[0] if unkeyed else None
 
 
 def event(values: dict, steps: dict, batch_ndim: int) -> logdict:

@@ -395,6 +395,14 @@ class Logger:
                 "returned."
             )
         runs = np.array(state.run)
+        still_open = set(self._runs.open_numbers())
+        finished = [self._runs[n].name for n in np.unique(runs).tolist() if n not in still_open]
+        if finished:
+            raise ValueError(
+                f"`logger.active` got a state whose runs {', '.join(map(repr, finished))} were finished by "
+                "`logger.finish`: nothing logged in the block could be written. Open the block before `finish`, "
+                "or open new runs with `logger.init`."
+            )
         signature = (runs.shape, runs.tobytes())
         destination = self._destinations.get(signature)
         if destination is None:

@@ -209,6 +209,10 @@ def test_a_state_the_block_cannot_use_is_refused_with_what_to_do(tmp_path):
             jax.jit(jax.vmap(lambda v: lox.log({"v": v}, step=0)))(jnp.zeros(3))
     with pytest.raises(TypeError, match="`logger.active` takes the state returned by `logger.init`"):
         logger.active({"run": 0})
+    done = logger.init(name="done")
+    logger.finish(done)
+    with pytest.raises(ValueError, match="runs 'done' were finished by `logger.finish`: nothing logged in the block"):
+        logger.active(done)
     logger.close()
     with pytest.raises(RuntimeError, match="was closed; create a new one"):
         logger.active(states)
