@@ -121,6 +121,11 @@ class MemoryBackend(hooks.Backend):
                 f"the memory backend holds {len(self.runs)} runs ({', '.join(map(repr, self.runs))}): "
                 "pass the one you want, e.g. backend.logs(run_id)."
             )
+        if not isinstance(run_id, str):
+            raise TypeError(
+                f"the memory backend takes a run's id (a str, such as `logger.runs()[0].run_id`), got "
+                f"{type(run_id).__name__}; its runs are {', '.join(map(repr, self.runs)) or 'none'}."
+            )
         if run_id not in self.runs:
             raise ValueError(
                 f"the memory backend has no run {run_id!r}; its runs are {', '.join(map(repr, self.runs)) or 'none'}."

@@ -89,6 +89,8 @@ def test_logs_asks_which_run():
         backend.logs()
     with pytest.raises(ValueError, match="has no run 'nope'; its runs are 'run-0', 'run-1'"):
         backend.logs("nope")
+    with pytest.raises(TypeError, match=r"takes a run's id \(a str, such as `logger.runs\(\)\[0\].run_id`\), got dict"):
+        backend.logs({"run": 0})  # a logger's state, say
 
 
 def test_the_plugin_offers_the_backend():
