@@ -396,7 +396,8 @@ class Logger:
             )
         runs = np.array(state.run)
         still_open = set(self._runs.open_numbers())
-        finished = [self._runs[n].name for n in np.unique(runs).tolist() if n not in still_open]
+        # (-1: an `init` that failed under jit or vmap, whose error `_check_open` raised first.)
+        finished = [self._runs[n].name for n in np.unique(runs).tolist() if n >= 0 and n not in still_open]
         if finished:
             raise ValueError(
                 f"`logger.active` got a state whose runs {', '.join(map(repr, finished))} were finished by "
