@@ -9,10 +9,13 @@ the block: the default ``"off"``), the same with the default ``"console"``
 logger (`jax.effects_barrier`); the cost per event is the time over the same
 scan without logs (`lox.nolog`), divided by the events. The issue's target:
 an event through the active run costs what it costs through `logger.tap`.
+The last rows take the Logger out: a destination and a tap callback that
+each spend 20 us per event, so that the figures are lox's own paths.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import jax
@@ -21,6 +24,7 @@ import jax.numpy as jnp
 import lox
 from benchmarks import programs
 from benchmarks.timing import block, row, side_by_side
+from lox_core import active as active_blocks
 
 EVENTS = 1_000
 
@@ -67,7 +71,49 @@ def active():
         per("keyed") / per("tap"), "target <= 1.1 (against logger.tap)")
     row("logger.active (default console: found on arrival)", f"{per('found') * 1e6:.1f} us",
         per("found") / per("tap"), "target <= 1.1 (against logger.tap)")
+    _own_path(xs)
     logger.finish(state)
     logged = logger.backends[0].logs(logger.runs()[0].run_id)
     calls = 3 * (1 + reps * rounds)  # three ways, each once to warm up, then timed
     assert logged["c"].shape[0] == EVENTS * calls, "every event reached the run once"
+
+
+class _Spending:
+    """A destination that spends a fixed time per event (what a Logger's
+    `_receive_event` costs, about 20 us) and keeps nothing: lox's own path,
+    without a router thread to compete with."""
+
+    per_device_error = None
+
+    def __init__(self, seconds: float):
+        self.key = active_blocks.new_key()
+        self.seconds = seconds
+
+    def deliver(self, batch_ndim, event, took):
+        start = time.perf_counter()
+        while time.perf_counter() - start < self.seconds:
+            pass
+
+    def deliver_block(self, batch_ndim, logs):
+        self.deliver(batch_ndim, logs, None)
+
+
+def _own_path(xs):
+    """The same scan to a destination that spends 20 us per event, against
+    `lox.tap` to a callback that spends the same: the cost of lox's paths."""
+    spending = _Spending(20e-6)
+    in_block = jax.jit(programs.scan_one_scalar)
+    tapped = lox.tap(programs.scan_one_scalar, lambda event: spending.deliver(0, event, None))
+    plain = jax.jit(lox.nolog(programs.scan_one_scalar))
+
+    def run_block():
+        with active_blocks.activate(spending):
+            block(in_block(xs))
+
+    for run in (run_block, lambda: tapped(xs), lambda: block(plain(xs))):
+        run()
+    t = side_by_side({"none": lambda: block(plain(xs)), "tap": lambda: tapped(xs), "block": run_block}, reps=3)
+    per = lambda k: (t[k] - t["none"]) / EVENTS  # noqa: E731
+    row("lox.tap to a callback spending 20 us, per event", f"{per('tap') * 1e6:.1f} us")
+    row("an active block to a destination spending 20 us", f"{per('block') * 1e6:.1f} us", per("block") / per("tap"),
+        "(lox's own paths, no router thread)")
