@@ -622,15 +622,19 @@ class Logger:
                 tables.extend(converted)
                 nbytes += size
                 failed = failed or error
-        for run in {run.index: run for run, _ in tables}.values():
-            self._announce(run)  # a run whose logs overtook its `init` callback
         if self._system is not None:
             self._system.saw(tables)  # each run's latest step, where its system metrics go
+        self._hand_on(tables, nbytes)
+        if failed is not None:
+            raise failed
+
+    def _hand_on(self, tables: list[tuple[hooks.RunInfo, pa.Table]], nbytes: int) -> None:
+        """Tables made in the router to every backend, each run announced first."""
+        for run in {run.index: run for run, _ in tables}.values():
+            self._announce(run)  # a run whose logs overtook its `init` callback
         if tables:
             self._dirty = True
             self._write(tables, nbytes)
-        if failed is not None:
-            raise failed
 
     def _write_system(self, values: dict[str, float]) -> None:
         """A sample of system metrics (`lox_backends.logger.system`) to every open
@@ -643,11 +647,7 @@ class Logger:
             converted, size, _ = self._tables(Part(run_numbers, 1, logs))  # a run closed since is left out
             tables += converted
             nbytes += size
-        for run, _ in tables:
-            self._announce(run)
-        if tables:
-            self._dirty = True
-            self._write(tables, nbytes)
+        self._hand_on(tables, nbytes)
 
     def _lose(self, numbers: np.ndarray | None) -> None:
         """Runs (all those open, without `numbers`) some of whose logs were not written."""
