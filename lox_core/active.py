@@ -34,11 +34,10 @@ import itertools
 import threading
 from typing import Iterable, Iterator, NamedTuple, Protocol
 
-import jax
 import numpy as np
 
 from lox_core import _compat, failures
-from lox_core.logdict import logdict, trusted
+from lox_core.logdict import logdict
 
 
 class Destination(Protocol):
@@ -162,18 +161,6 @@ def for_host_call(key: int) -> Destination | None:
         # second asyncio task cannot open one (`activate`).
         unkeyed = [entries[-1].destination for entries in _open.values() if entries and not entries[-1].keyed]
     return unkeyed[0] if unkeyed else None
-
-
-def event(values: dict, steps: dict, batch_ndim: int) -> logdict:
-    """One event as the host call gave it (NumPy arrays with `batch_ndim` vmap
-    axes) with its event axis after the vmap axes, as copies (XLA may reuse the
-    host call's buffers)."""
-    where = (slice(None),) * batch_ndim + (None,)  # indexing with None: cheaper than np.expand_dims
-    expand = lambda x: np.array(x)[where]  # noqa: E731
-    data = {k: expand(v) if isinstance(v, np.ndarray) else jax.tree_util.tree_map(expand, v)
-            for k, v in values.items()}
-    per_name = {name: dict.fromkeys(data, expand(s)) for name, s in steps.items()} if data else {}
-    return trusted(data, per_name)
 
 
 def runs_for(runs: np.ndarray, batch_shape: tuple[int, ...], keys: Iterable[str]) -> tuple[np.ndarray, bool]:

@@ -181,8 +181,11 @@ def _log_text(data: dict, values: dict, texts: dict, steps: dict, prefix: str) -
 
 
 def event_logdict(values: dict, steps: dict, expand=_compat.add_event_axis) -> logdict:
-    """One event as a logdict: every array gets a leading event axis of 1."""
-    data = {k: jax.tree_util.tree_map(expand, v) for k, v in values.items()}
+    """One event as a logdict: every array gets an event axis of 1 (`expand`:
+    in front by default)."""
+    # An array as it is, the common value: no walk of a pytree (the active run's hot path).
+    data = {k: expand(v) if isinstance(v, (np.ndarray, jax.Array)) else jax.tree_util.tree_map(expand, v)
+            for k, v in values.items()}
     # The keys of one event share one step array (one output, not one per key).
     per_name = {name: dict.fromkeys(values, expand(s)) for name, s in steps.items()} if values else {}
     return trusted(data, per_name)
@@ -352,7 +355,10 @@ def uncaptured(site: Site, operands, destination: active.Destination | None) -> 
         printing.default_output(site, operands)
         return
     values, steps = site.split([np.asarray(x) for x in operands])
-    destination.deliver(site.batch_ndim, active.event(values, steps, site.batch_ndim), None)
+    # The event axis after the vmap axes, in copies (XLA may reuse the host call's buffers).
+    where = (slice(None),) * site.batch_ndim + (None,)  # indexing with None: cheaper than np.expand_dims
+    event = event_logdict(values, steps, expand=lambda x: np.array(x)[where])
+    destination.deliver(site.batch_ndim, event, None)
 
 
 def _jvp(primals, tangents, **params):
